@@ -1,0 +1,30 @@
+-- Locks every key in KEYS, or none of them (MSETNX semantics, re-entrant by owner).
+--
+-- ARGV[1]  owner tag: "<token length>:<token>"; it starts every value this owner writes
+-- ARGV[2]  the full value to store: owner tag followed by the caller's metadata
+-- ARGV[3]  time to live in milliseconds
+--
+-- Reply: {1}          every key is now ours, with a fresh TTL and the new value
+--        {0, pttl}    a key is held by another owner; pttl is its remaining ms (-1: no expiry)
+--        {2, key}     key holds a non-string value; nothing was changed
+--
+-- Keys are visited one by one instead of unpack()-ing KEYS, which overflows Lua's C stack
+-- at a few thousand keys. The owner tag carries the token's length, so a prefix match on it
+-- is an exact token match: no token can pass for another that merely starts with it.
+local owner, value, ttl = ARGV[1], ARGV[2], ARGV[3]
+local n = #owner
+
+for i = 1, #KEYS do
+  local current = redis.pcall('GET', KEYS[i])
+  if type(current) == 'table' then
+    return {2, KEYS[i]}
+  end
+  if current and string.sub(current, 1, n) ~= owner then
+    return {0, redis.call('PTTL', KEYS[i])}
+  end
+end
+
+for i = 1, #KEYS do
+  redis.call('SET', KEYS[i], value, 'PX', ttl)
+end
+return {1}

@@ -1,0 +1,19 @@
+-- Deletes every key of a lock, only if every key is still held by the owner.
+--
+-- ARGV[1]  owner tag: "<token length>:<token>"
+--
+-- Reply: 1 when the keys were deleted, 0 when the lock is not held (nothing changed).
+local owner = ARGV[1]
+local n = #owner
+
+for i = 1, #KEYS do
+  local current = redis.pcall('GET', KEYS[i])
+  if type(current) ~= 'string' or string.sub(current, 1, n) ~= owner then
+    return 0
+  end
+end
+
+for i = 1, #KEYS do
+  redis.call('DEL', KEYS[i])
+end
+return 1

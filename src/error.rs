@@ -1,0 +1,120 @@
+//! The one error type of this crate.
+
+use std::time::Duration;
+
+/// What went wrong with a lock operation.
+///
+/// Match on the variants you care about; the helper methods group the ones that mean the
+/// same thing to most callers (see [`Error::is_not_obtained`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lock is held by someone else, and the retry strategy gave up.
+    ///
+    /// [`Lock::refresh`](crate::Lock::refresh) also returns this when the lock was lost,
+    /// as bsm/redislock does.
+    #[error("lock not obtained: held by another owner")]
+    NotObtained,
+
+    /// The lock is held by someone else, and obtain gave up because its deadline passed
+    /// (an explicit timeout or deadline, or by default the lock's TTL).
+    ///
+    /// [`Error::is_not_obtained`] is true for this variant as well.
+    #[error("lock not obtained: deadline passed while it was held by another owner")]
+    DeadlineExceeded,
+
+    /// The lock is not held by us any more: it expired, or another owner replaced it.
+    #[error("lock not held: it expired or was taken over")]
+    NotHeld,
+
+    /// A key holds a value that is not a string (a list, a hash, ...), so it cannot be a lock.
+    /// Nothing was changed.
+    #[error("key {key:?} holds a non-string value and cannot be used as a lock")]
+    WrongType {
+        /// The offending key.
+        key: String,
+    },
+
+    /// The input was rejected before anything was sent to Redis.
+    #[error(transparent)]
+    InvalidInput(#[from] InvalidInput),
+
+    /// Redis did not answer within the connection's response timeout while obtaining.
+    ///
+    /// The script may still have run, so the outcome is unknown. Before returning this
+    /// error the client released the keys by the attempt's token (best effort, random tokens
+    /// only); whatever is left expires with the TTL.
+    #[error("obtain timed out waiting for Redis; the outcome is unknown")]
+    UnknownOutcome(#[source] redis::RedisError),
+
+    /// Redis returned an error, or the connection failed.
+    #[error("redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+impl Error {
+    /// True when the lock was not obtained because somebody else holds it, whether the
+    /// retry strategy or the deadline ended the wait.
+    pub fn is_not_obtained(&self) -> bool {
+        matches!(self, Self::NotObtained | Self::DeadlineExceeded)
+    }
+
+    /// True when obtain gave up because its deadline passed.
+    pub fn is_deadline_exceeded(&self) -> bool {
+        matches!(self, Self::DeadlineExceeded)
+    }
+
+    /// True when the lock is no longer ours ([`Error::NotHeld`]).
+    pub fn is_not_held(&self) -> bool {
+        matches!(self, Self::NotHeld)
+    }
+}
+
+/// Input rejected before anything was sent to Redis.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// The key set is empty.
+    #[error("invalid input: the key set is empty")]
+    NoKeys,
+    /// A key is the empty string.
+    #[error("invalid input: key #{index} is empty")]
+    EmptyKey {
+        /// Position of the key in the given set.
+        index: usize,
+    },
+    /// The same key appears twice in one set.
+    #[error("invalid input: key {key:?} appears more than once")]
+    DuplicateKey {
+        /// The repeated key.
+        key: String,
+    },
+    /// More keys than [`MAX_KEYS`](crate::MAX_KEYS).
+    #[error("invalid input: {count} keys, at most {max} are allowed")]
+    TooManyKeys {
+        /// How many keys were given.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The TTL is zero or shorter than one millisecond.
+    #[error("invalid input: TTL {ttl:?} is shorter than 1 ms")]
+    TtlTooShort {
+        /// The TTL that was given.
+        ttl: Duration,
+    },
+    /// The TTL is longer than [`MAX_TTL`](crate::MAX_TTL).
+    #[error("invalid input: TTL {ttl:?} is longer than the maximum {max:?}")]
+    TtlTooLong {
+        /// The TTL that was given.
+        ttl: Duration,
+        /// The limit.
+        max: Duration,
+    },
+    /// A custom token is the empty string.
+    #[error("invalid input: the custom token is empty")]
+    EmptyToken,
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

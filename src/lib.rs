@@ -1,0 +1,71 @@
+//! Multi-key atomic distributed locks on Redis.
+//!
+//! `lockset` locks one Redis key, or a whole set of keys all-or-nothing, for a time to live
+//! (TTL). It follows Go's [bsm/redislock](https://github.com/bsm/redislock) and fixes its
+//! known flaws: exact token ownership, re-obtain of a superset, no Lua stack limit on the
+//! number of keys, typed errors for bad input before anything is sent, and retry
+//! strategies whose state is fresh for every call.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lockset::{Client, Options, Retry};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), lockset::Error> {
+//! let client = Client::connect("redis://127.0.0.1/").await?;
+//!
+//! // Lock two keys at once, retrying every 50 ms for at most 2 s.
+//! let options = Options::default()
+//!     .retry(Retry::linear(Duration::from_millis(50)))
+//!     .metadata("worker-7")
+//!     .timeout(Duration::from_secs(2));
+//! let lock = client
+//!     .obtain_multi(["{user42}:cart", "{user42}:wallet"], Duration::from_secs(10), &options)
+//!     .await?;
+//!
+//! // How long is left? `None` means the lock was lost.
+//! if let Some(left) = lock.ttl().await? {
+//!     println!("held for another {left:?}");
+//! }
+//! lock.refresh(Duration::from_secs(10), &Options::default()).await?;
+//! lock.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Concepts
+//!
+//! - **Keys and value.** Every key of a lock stores the same value,
+//!   `"<token length>:<token><metadata>"` (see [`parse_value`]). Ownership is decided by the
+//!   exact token; the metadata is for humans and tools.
+//! - **Token.** 16 random bytes from a cryptographically secure RNG, base64 URL-safe
+//!   without padding, unless you pass your own with [`Options::token`]. Obtaining again
+//!   with the token of a lock you hold re-obtains it (re-entrancy).
+//! - **Deadline.** Obtain retries per its [`Retry`] strategy until a deadline; without
+//!   [`Options::timeout`] or [`Options::deadline`], **the deadline is the lock's TTL**.
+//! - **Errors.** One [`Error`] enum; [`Error::is_not_obtained`] tells "somebody else holds
+//!   it" whatever ended the wait.
+//! - **Cluster.** All keys of one lock must live in one hash slot: give them a common hash
+//!   tag, like `{user42}:cart` and `{user42}:wallet`.
+
+mod client;
+mod error;
+mod lock;
+mod options;
+mod policy;
+mod retry;
+mod scripts;
+mod store;
+mod validate;
+mod value;
+
+pub use client::Client;
+pub use error::{Error, InvalidInput, Result};
+pub use lock::Lock;
+pub use options::Options;
+pub use retry::{Backoff, Jitter, Retry, RetryStrategy};
+pub use validate::{MAX_KEYS, MAX_TTL};
+pub use value::parse_value;
+
+/// The redis-rs version this crate is built with, so your connections match.
+pub use redis;

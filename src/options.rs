@@ -1,0 +1,144 @@
+//! Per-call settings: retry strategy, metadata, custom token, and deadline.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::retry::Retry;
+
+/// How long an operation may keep retrying.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Limit {
+    Timeout(Duration),
+    Deadline(Instant),
+}
+
+/// Settings for [`Client::obtain`](crate::Client::obtain) and
+/// [`Lock::refresh`](crate::Lock::refresh).
+///
+/// `Options::default()` tries once ([`Retry::NoRetry`]), with a random token, no metadata,
+/// and the default deadline. One `Options` can be shared by any number of calls and tasks:
+/// each call builds its own retry state.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockset::{Options, Retry};
+///
+/// let options = Options::default()
+///     .retry(Retry::linear(Duration::from_millis(50)))
+///     .metadata("worker-7")
+///     .timeout(Duration::from_secs(2));
+/// ```
+#[derive(Clone, Default)]
+pub struct Options {
+    pub(crate) retry: Retry,
+    pub(crate) metadata: String,
+    pub(crate) token: Option<String>,
+    limit: Option<Limit>,
+}
+
+impl Options {
+    /// The retry strategy. Defaults to [`Retry::NoRetry`].
+    #[must_use]
+    pub fn retry(mut self, retry: Retry) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Metadata stored with the lock (after the token) and returned by
+    /// [`Lock::metadata`](crate::Lock::metadata). Defaults to empty.
+    #[must_use]
+    pub fn metadata(mut self, metadata: impl Into<String>) -> Self {
+        self.metadata = metadata.into();
+        self
+    }
+
+    /// A custom token instead of a fresh random one.
+    ///
+    /// Obtaining with the token of a lock you hold re-obtains it: it succeeds when every
+    /// requested key is free or already held by this token, overwrites the metadata and
+    /// resets the TTL. Anyone who knows the token owns the lock, so keep it secret and
+    /// unguessable. Defaults to 16 random bytes from a cryptographically secure RNG.
+    #[must_use]
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Give up retrying once `timeout` has passed since the call started.
+    ///
+    /// Without a timeout or deadline, **obtain gives up after the lock's TTL** (as
+    /// bsm/redislock does); pass a longer timeout to wait longer. Replaces any deadline.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.limit = Some(Limit::Timeout(timeout));
+        self
+    }
+
+    /// Give up retrying at `deadline` (a `std::time::Instant` or `tokio::time::Instant`).
+    /// Replaces any timeout.
+    #[must_use]
+    pub fn deadline(mut self, deadline: impl Into<Instant>) -> Self {
+        self.limit = Some(Limit::Deadline(deadline.into()));
+        self
+    }
+
+    /// When a call that started at `start` must stop retrying; `None` when that lies
+    /// beyond what `Instant` can represent.
+    pub(crate) fn deadline_from(&self, start: Instant, ttl: Duration) -> Option<Instant> {
+        match self.limit {
+            Some(Limit::Deadline(deadline)) => Some(deadline),
+            Some(Limit::Timeout(timeout)) => start.checked_add(timeout),
+            None => start.checked_add(ttl),
+        }
+    }
+}
+
+impl fmt::Debug for Options {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Options")
+            .field("retry", &self.retry)
+            .field("metadata", &self.metadata)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("limit", &self.limit)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_the_token() {
+        let options = Options::default().token("very-secret").metadata("meta");
+        let debug = format!("{options:?}");
+        assert!(!debug.contains("very-secret"), "{debug}");
+        assert!(debug.contains("<redacted>") && debug.contains("meta"), "{debug}");
+    }
+
+    #[test]
+    fn default_deadline_is_the_ttl() {
+        let start = Instant::now();
+        let ttl = Duration::from_secs(3);
+        assert_eq!(Options::default().deadline_from(start, ttl), Some(start + ttl));
+    }
+
+    #[test]
+    fn the_last_limit_given_wins() {
+        let start = Instant::now();
+        let ttl = Duration::from_secs(3);
+        let deadline = start + Duration::from_secs(10);
+        let options = Options::default().timeout(Duration::from_secs(1)).deadline(deadline);
+        assert_eq!(options.deadline_from(start, ttl), Some(deadline));
+        let options = options.timeout(Duration::from_secs(1));
+        assert_eq!(options.deadline_from(start, ttl), Some(start + Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn an_unrepresentable_deadline_means_no_deadline() {
+        let options = Options::default().timeout(Duration::MAX);
+        assert_eq!(options.deadline_from(Instant::now(), Duration::from_secs(1)), None);
+    }
+}

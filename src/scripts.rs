@@ -1,0 +1,35 @@
+//! The four bundled Lua scripts, each hashed once and run by EVALSHA (redis-rs loads a
+//! script and retries when the server answers NOSCRIPT).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Locks every key or none; re-entrant by owner tag.
+pub(crate) static OBTAIN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/obtain.lua")));
+
+/// The smallest remaining TTL of a held lock.
+pub(crate) static PTTL: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/pttl.lua")));
+
+/// Extends every key of a held lock.
+pub(crate) static REFRESH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/refresh.lua")));
+
+/// Source of `release.lua`, also sent whole by EVAL where EVALSHA's fallback cannot run.
+pub(crate) const RELEASE_SOURCE: &str = include_str!("../lua/release.lua");
+
+/// Deletes every key of a held lock.
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
+
+/// Reply of `obtain.lua` for success.
+pub(crate) const OBTAINED: i64 = 1;
+/// Reply of `obtain.lua` when another owner holds a key: `{HELD, pttl}`.
+pub(crate) const HELD: i64 = 0;
+/// Reply of `obtain.lua` when a key holds a non-string value: `{WRONG_TYPE, key}`.
+pub(crate) const WRONG_TYPE: i64 = 2;
+/// Reply of `pttl.lua` when the lock is not held.
+pub(crate) const PTTL_NOT_HELD: i64 = -2;
+/// Reply of `pttl.lua` when every key is held without expiry.
+pub(crate) const PTTL_PERSISTENT: i64 = -1;

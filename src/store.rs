@@ -1,0 +1,189 @@
+//! One attempt against one Redis server: run a command or script and say what happened.
+//!
+//! This layer knows the scripts, the value encoding and the reply shapes; it knows nothing
+//! about retries or deadlines (see `policy`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{RedisError, RedisResult, Value};
+
+use crate::error::{Error, Result};
+use crate::scripts;
+use crate::value::Owner;
+
+/// What one obtain attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Obtain {
+    /// Every key is ours.
+    Obtained,
+    /// Another owner holds a key; its remaining TTL when known (`None`: unknown or no
+    /// expiry).
+    Held { ttl: Option<Duration> },
+}
+
+/// A connection to one Redis server, plus what we learned about that server.
+#[derive(Clone)]
+pub(crate) struct Store<C> {
+    conn: C,
+    /// False once the server rejected `SET .. NX GET` (Redis before 7.0).
+    set_nx_get: Arc<AtomicBool>,
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
+    pub(crate) fn new(conn: C) -> Self {
+        Self {
+            conn,
+            set_nx_get: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    /// Tries once to lock every key in `keys` for `ttl_ms` with `value`.
+    pub(crate) async fn obtain(
+        &self,
+        keys: &[String],
+        owner: &Owner,
+        value: &str,
+        ttl_ms: u64,
+    ) -> Result<Obtain> {
+        if let [key] = keys
+            && self.set_nx_get.load(Ordering::Relaxed)
+            && let Some(outcome) = self.obtain_one(key, owner, value, ttl_ms).await?
+        {
+            return Ok(outcome);
+        }
+        self.obtain_by_script(keys, owner, value, ttl_ms).await
+    }
+
+    /// One key, no script: `SET key value NX PX ttl GET` either sets the key (reply nil) or
+    /// returns the holder's value. Returns `None` when the script must decide: the key
+    /// already holds our own token, or the server does not know this form of SET.
+    async fn obtain_one(
+        &self,
+        key: &str,
+        owner: &Owner,
+        value: &str,
+        ttl_ms: u64,
+    ) -> Result<Option<Obtain>> {
+        let reply: RedisResult<Option<Vec<u8>>> = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .arg("GET")
+            .query_async(&mut self.conn.clone())
+            .await;
+        match reply {
+            Ok(None) => Ok(Some(Obtain::Obtained)),
+            // Held by ourselves: re-obtain by script, which also resets the TTL and value.
+            Ok(Some(holder)) if owner.owns(&holder) => Ok(None),
+            Ok(Some(_)) => Ok(Some(Obtain::Held { ttl: None })),
+            Err(err) if err.code() == Some("WRONGTYPE") => Err(Error::WrongType {
+                key: key.to_owned(),
+            }),
+            Err(err) if is_syntax_error(&err) => {
+                tracing::debug!("server rejects SET NX GET; obtaining single keys by script");
+                self.set_nx_get.store(false, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    async fn obtain_by_script(
+        &self,
+        keys: &[String],
+        owner: &Owner,
+        value: &str,
+        ttl_ms: u64,
+    ) -> Result<Obtain> {
+        let reply: Value = scripts::OBTAIN
+            .key(keys)
+            .arg(owner.tag())
+            .arg(value)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        parse_obtain_reply(reply)
+    }
+
+    /// The smallest remaining TTL across `keys`, or `None` when the lock is not held.
+    /// A lock held without expiry reports `Duration::MAX`.
+    pub(crate) async fn pttl(&self, keys: &[String], owner: &Owner) -> Result<Option<Duration>> {
+        let left: i64 = scripts::PTTL
+            .key(keys)
+            .arg(owner.tag())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(match left {
+            scripts::PTTL_NOT_HELD => None,
+            scripts::PTTL_PERSISTENT => Some(Duration::MAX),
+            ms => Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        })
+    }
+
+    /// Extends every key to `ttl_ms`; false when the lock is not held.
+    pub(crate) async fn refresh(&self, keys: &[String], owner: &Owner, ttl_ms: u64) -> Result<bool> {
+        let done: i64 = scripts::REFRESH
+            .key(keys)
+            .arg(owner.tag())
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(done == 1)
+    }
+
+    /// Deletes every key; false when the lock is not held.
+    pub(crate) async fn release(&self, keys: &[String], owner: &Owner) -> Result<bool> {
+        let done: i64 = scripts::RELEASE
+            .key(keys)
+            .arg(owner.tag())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(done == 1)
+    }
+
+    /// Like [`Store::release`], but sends the script's source with EVAL. For clean-up after
+    /// a timed-out obtain: if the server is stalled, this queues behind the obtain and must
+    /// not depend on a NOSCRIPT fallback that nobody will be waiting to run.
+    pub(crate) async fn release_by_eval(&self, keys: &[String], owner: &Owner) -> Result<bool> {
+        let done: i64 = redis::cmd("EVAL")
+            .arg(scripts::RELEASE_SOURCE)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(owner.tag())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(done == 1)
+    }
+}
+
+fn is_syntax_error(err: &RedisError) -> bool {
+    err.code() == Some("ERR") && err.detail().is_some_and(|d| d.contains("syntax error"))
+}
+
+fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
+    let unexpected = |reply: &Value| {
+        Error::Redis(RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected reply from obtain.lua",
+            format!("{reply:?}"),
+        )))
+    };
+    let Value::Array(items) = &reply else {
+        return Err(unexpected(&reply));
+    };
+    match items.as_slice() {
+        [Value::Int(scripts::OBTAINED)] => Ok(Obtain::Obtained),
+        [Value::Int(scripts::HELD), Value::Int(ms)] => Ok(Obtain::Held {
+            ttl: u64::try_from(*ms).ok().map(Duration::from_millis),
+        }),
+        [Value::Int(scripts::WRONG_TYPE), key] => Err(Error::WrongType {
+            key: redis::from_redis_value_ref(key).unwrap_or_default(),
+        }),
+        _ => Err(unexpected(&reply)),
+    }
+}

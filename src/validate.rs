@@ -1,0 +1,117 @@
+//! Input checks that run before anything is sent to Redis.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::error::InvalidInput;
+
+/// The most keys one lock may hold. Checked before anything is sent.
+///
+/// The scripts walk the keys one by one (no `unpack()`), so the limit is there to bound
+/// the time one script blocks the server, not because of Lua's stack.
+pub const MAX_KEYS: usize = 100_000;
+
+/// The longest TTL: 2^52 ms, about 142,000 years, far inside what Redis accepts.
+pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
+
+/// Checks a key set: not empty, no empty key, no duplicate, at most [`MAX_KEYS`].
+pub(crate) fn keys(keys: &[String]) -> Result<(), InvalidInput> {
+    if keys.is_empty() {
+        return Err(InvalidInput::NoKeys);
+    }
+    if keys.len() > MAX_KEYS {
+        return Err(InvalidInput::TooManyKeys {
+            count: keys.len(),
+            max: MAX_KEYS,
+        });
+    }
+    if let Some(index) = keys.iter().position(String::is_empty) {
+        return Err(InvalidInput::EmptyKey { index });
+    }
+    // A single key cannot repeat; skip the set (and its allocation) on the hot path.
+    if keys.len() > 1 {
+        let mut seen = HashSet::with_capacity(keys.len());
+        if let Some(key) = keys.iter().find(|key| !seen.insert(key.as_str())) {
+            return Err(InvalidInput::DuplicateKey { key: key.clone() });
+        }
+    }
+    Ok(())
+}
+
+/// Converts a TTL to whole milliseconds, rounding up: a lock never lives shorter than
+/// asked. Rejects TTLs under 1 ms (Redis would delete the keys at once) and over
+/// [`MAX_TTL`].
+pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, InvalidInput> {
+    if ttl < Duration::from_millis(1) {
+        return Err(InvalidInput::TtlTooShort { ttl });
+    }
+    if ttl > MAX_TTL {
+        return Err(InvalidInput::TtlTooLong { ttl, max: MAX_TTL });
+    }
+    let millis = ttl.as_millis();
+    let round_up = u128::from(!ttl.as_nanos().is_multiple_of(1_000_000));
+    // MAX_TTL keeps this far below u64::MAX.
+    Ok(u64::try_from(millis + round_up).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(keys: &[&str]) -> Vec<String> {
+        keys.iter().map(|k| k.to_string()).collect()
+    }
+
+    #[test]
+    fn accepts_distinct_non_empty_keys() {
+        assert_eq!(keys(&owned(&["a"])), Ok(()));
+        assert_eq!(keys(&owned(&["a", "b", "c"])), Ok(()));
+    }
+
+    #[test]
+    fn rejects_bad_key_sets() {
+        assert_eq!(keys(&[]), Err(InvalidInput::NoKeys));
+        assert_eq!(
+            keys(&owned(&["a", ""])),
+            Err(InvalidInput::EmptyKey { index: 1 })
+        );
+        assert_eq!(
+            keys(&owned(&["a", "b", "a"])),
+            Err(InvalidInput::DuplicateKey { key: "a".into() })
+        );
+        let many: Vec<String> = (0..=MAX_KEYS).map(|i| i.to_string()).collect();
+        assert_eq!(
+            keys(&many),
+            Err(InvalidInput::TooManyKeys {
+                count: MAX_KEYS + 1,
+                max: MAX_KEYS
+            })
+        );
+    }
+
+    #[test]
+    fn ttl_rounds_fractional_milliseconds_up() {
+        assert_eq!(ttl_millis(Duration::from_millis(1)), Ok(1));
+        assert_eq!(ttl_millis(Duration::from_micros(1001)), Ok(2));
+        assert_eq!(ttl_millis(Duration::from_micros(2500)), Ok(3));
+        assert_eq!(ttl_millis(Duration::from_secs(10)), Ok(10_000));
+    }
+
+    #[test]
+    fn ttl_under_a_millisecond_is_rejected() {
+        for ttl in [Duration::ZERO, Duration::from_nanos(1), Duration::from_micros(999)] {
+            assert_eq!(ttl_millis(ttl), Err(InvalidInput::TtlTooShort { ttl }));
+        }
+    }
+
+    #[test]
+    fn ttl_beyond_the_maximum_is_rejected() {
+        assert_eq!(ttl_millis(MAX_TTL), Ok(1 << 52));
+        let ttl = MAX_TTL + Duration::from_nanos(1);
+        assert_eq!(
+            ttl_millis(ttl),
+            Err(InvalidInput::TtlTooLong { ttl, max: MAX_TTL })
+        );
+        assert!(ttl_millis(Duration::MAX).is_err());
+    }
+}

@@ -1,0 +1,160 @@
+//! Tokens and the value stored in every locked key.
+//!
+//! A key's value is `"<token length>:<token><metadata>"`. The part up to the end of the
+//! token is the *owner tag*; since it spells out the token's length, comparing a value's
+//! prefix with our tag is an exact token comparison. A token that is a prefix of another
+//! holder's token (or of token + metadata) can never pass for it, which is how
+//! bsm/redislock's custom tokens can take over someone else's lock.
+
+use std::fmt;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use rand::Rng as _;
+
+use crate::error::InvalidInput;
+
+/// Random bytes in a generated token (22 characters once encoded).
+const TOKEN_BYTES: usize = 16;
+
+/// Who owns a lock: its token, and the tag that starts every value it stores.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// `"<token length>:<token>"`.
+    tag: String,
+    /// Where the token starts inside `tag`.
+    token_at: usize,
+}
+
+impl Owner {
+    /// A fresh owner with 16 bytes from the cryptographically secure thread RNG, base64
+    /// URL-safe without padding.
+    pub(crate) fn random() -> Self {
+        let mut bytes = [0u8; TOKEN_BYTES];
+        rand::rng().fill_bytes(&mut bytes);
+        Self::from_token(&URL_SAFE_NO_PAD.encode(bytes))
+    }
+
+    /// An owner with a caller-chosen token, for re-entrant re-obtain.
+    pub(crate) fn custom(token: &str) -> Result<Self, InvalidInput> {
+        if token.is_empty() {
+            return Err(InvalidInput::EmptyToken);
+        }
+        Ok(Self::from_token(token))
+    }
+
+    fn from_token(token: &str) -> Self {
+        let tag = format!("{}:{token}", token.len());
+        let token_at = tag.len() - token.len();
+        Self { tag, token_at }
+    }
+
+    /// The token.
+    pub(crate) fn token(&self) -> &str {
+        &self.tag[self.token_at..]
+    }
+
+    /// The prefix of every value this owner stores.
+    pub(crate) fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// The value to store: the tag followed by the metadata.
+    pub(crate) fn value(&self, metadata: &str) -> String {
+        let mut value = String::with_capacity(self.tag.len() + metadata.len());
+        value.push_str(&self.tag);
+        value.push_str(metadata);
+        value
+    }
+
+    /// True when `value` was stored by this owner.
+    pub(crate) fn owns(&self, value: &[u8]) -> bool {
+        value.starts_with(self.tag.as_bytes())
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Owner(<redacted>)")
+    }
+}
+
+/// Splits a stored lock value into its token and metadata, or `None` when the value was
+/// not written by this crate.
+///
+/// Useful to see who holds a key:
+///
+/// ```
+/// assert_eq!(lockset::parse_value("3:abcmeta"), Some(("abc", "meta")));
+/// assert_eq!(lockset::parse_value("not a lock"), None);
+/// ```
+pub fn parse_value(value: &str) -> Option<(&str, &str)> {
+    let (len, rest) = value.split_once(':')?;
+    if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let len: usize = len.parse().ok()?;
+    if len == 0 {
+        return None;
+    }
+    rest.split_at_checked(len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_tokens_are_22_url_safe_characters() {
+        let owner = Owner::random();
+        assert_eq!(owner.token().len(), 22);
+        assert!(
+            owner
+                .token()
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
+        assert_ne!(owner.token(), Owner::random().token());
+    }
+
+    #[test]
+    fn value_is_tag_then_metadata() {
+        let owner = Owner::custom("abc").unwrap();
+        assert_eq!(owner.tag(), "3:abc");
+        assert_eq!(owner.value("meta"), "3:abcmeta");
+        assert_eq!(parse_value(&owner.value("meta")), Some(("abc", "meta")));
+    }
+
+    #[test]
+    fn a_token_prefix_never_owns_a_longer_token() {
+        let holder = Owner::custom("abcdef").unwrap();
+        let stored = holder.value("xyz");
+        for prefix in ["a", "abc", "abcde"] {
+            assert!(!Owner::custom(prefix).unwrap().owns(stored.as_bytes()));
+        }
+        // Nor can token + metadata pass for the token.
+        assert!(!Owner::custom("abcdefxyz").unwrap().owns(stored.as_bytes()));
+        assert!(holder.owns(stored.as_bytes()));
+    }
+
+    #[test]
+    fn empty_custom_token_is_rejected() {
+        assert_eq!(Owner::custom(""), Err(InvalidInput::EmptyToken));
+    }
+
+    #[test]
+    fn debug_never_shows_the_token() {
+        let owner = Owner::custom("secret-token").unwrap();
+        assert!(!format!("{owner:?}").contains("secret"));
+    }
+
+    #[test]
+    fn parse_value_rejects_foreign_values() {
+        for value in ["", ":x", "x:abc", "5:abc", "0:", "-1:a"] {
+            assert_eq!(parse_value(value), None, "{value}");
+        }
+        assert_eq!(parse_value("2:ab"), Some(("ab", "")));
+        assert_eq!(parse_value("2:é"), Some(("é", "")));
+        assert_eq!(parse_value("1:é"), None);
+    }
+}

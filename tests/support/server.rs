@@ -1,0 +1,142 @@
+//! Private redis-server processes for tests and examples: each on a free loopback port,
+//! with persistence off, stopped when dropped. Never touches a server it did not start.
+
+#![allow(dead_code, unreachable_pub)]
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a fresh server may take to answer PING.
+const STARTUP: Duration = Duration::from_secs(20);
+
+/// A redis-server child process, killed on drop.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+}
+
+impl RedisServer {
+    /// Starts a server on a free 127.0.0.1 port and waits until it answers PING.
+    ///
+    /// # Panics
+    ///
+    /// When redis-server is not installed (with how to install it) or will not start.
+    pub fn start() -> Self {
+        // Another process may grab the free port between our probe and the server's bind;
+        // then the server exits and we try the next free port.
+        for _ in 0..10 {
+            if let Some(server) = Self::try_start() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 10 free ports");
+    }
+
+    fn try_start() -> Option<Self> {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|err| {
+                panic!(
+                    "cannot run redis-server ({err}); install it with \
+                     `apt-get update && apt-get install -y redis-server`"
+                )
+            });
+        let mut server = Self { child, port };
+        server.wait_ready().then_some(server)
+    }
+
+    fn wait_ready(&mut self) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < STARTUP {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return false;
+            }
+            if ping(self.port) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    /// The server's URL, `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Pauses the server process (SIGSTOP): connections stay open, nothing is answered.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Kills the server and waits for it to exit.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // A paused server must be woken to die promptly on some systems.
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        self.stop();
+    }
+}
+
+/// The URL in `REDIS_URL`, or a throwaway local server's (kept alive by the returned guard).
+pub fn url_or_start() -> (String, Option<RedisServer>) {
+    match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => (url, None),
+        _ => {
+            let server = RedisServer::start();
+            (server.url(), Some(server))
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("find a free loopback port")
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}
