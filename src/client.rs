@@ -87,7 +87,12 @@ where
     ///
     /// Retries and errors as [`Client::obtain`]; additionally rejects an empty set,
     /// duplicate keys and more than [`MAX_KEYS`](crate::MAX_KEYS) keys before sending.
-    pub async fn obtain_multi<I>(&self, keys: I, ttl: Duration, options: &Options) -> Result<Lock<C>>
+    pub async fn obtain_multi<I>(
+        &self,
+        keys: I,
+        ttl: Duration,
+        options: &Options,
+    ) -> Result<Lock<C>>
     where
         I: IntoIterator,
         I::Item: Into<String>,
@@ -96,7 +101,12 @@ where
         self.obtain_keys(keys, ttl, options).await
     }
 
-    async fn obtain_keys(&self, keys: Vec<String>, ttl: Duration, options: &Options) -> Result<Lock<C>> {
+    async fn obtain_keys(
+        &self,
+        keys: Vec<String>,
+        ttl: Duration,
+        options: &Options,
+    ) -> Result<Lock<C>> {
         let start = Instant::now();
         validate::keys(&keys)?;
         let ttl_ms = validate::ttl_millis(ttl)?;
@@ -145,7 +155,9 @@ where
     async fn release_unknown(&self, keys: &[String], owner: &Owner) {
         match self.store.release_by_eval(keys, owner).await {
             Ok(released) => tracing::debug!(released, "cleaned up after an obtain timed out"),
-            Err(err) => tracing::warn!(%err, "clean-up after an obtain timed out failed; the keys expire with their TTL"),
+            Err(err) => {
+                tracing::warn!(%err, "clean-up after an obtain timed out failed; the keys expire with their TTL")
+            }
         }
     }
 }

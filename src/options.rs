@@ -115,14 +115,20 @@ mod tests {
         let options = Options::default().token("very-secret").metadata("meta");
         let debug = format!("{options:?}");
         assert!(!debug.contains("very-secret"), "{debug}");
-        assert!(debug.contains("<redacted>") && debug.contains("meta"), "{debug}");
+        assert!(
+            debug.contains("<redacted>") && debug.contains("meta"),
+            "{debug}"
+        );
     }
 
     #[test]
     fn default_deadline_is_the_ttl() {
         let start = Instant::now();
         let ttl = Duration::from_secs(3);
-        assert_eq!(Options::default().deadline_from(start, ttl), Some(start + ttl));
+        assert_eq!(
+            Options::default().deadline_from(start, ttl),
+            Some(start + ttl)
+        );
     }
 
     #[test]
@@ -130,15 +136,23 @@ mod tests {
         let start = Instant::now();
         let ttl = Duration::from_secs(3);
         let deadline = start + Duration::from_secs(10);
-        let options = Options::default().timeout(Duration::from_secs(1)).deadline(deadline);
+        let options = Options::default()
+            .timeout(Duration::from_secs(1))
+            .deadline(deadline);
         assert_eq!(options.deadline_from(start, ttl), Some(deadline));
         let options = options.timeout(Duration::from_secs(1));
-        assert_eq!(options.deadline_from(start, ttl), Some(start + Duration::from_secs(1)));
+        assert_eq!(
+            options.deadline_from(start, ttl),
+            Some(start + Duration::from_secs(1))
+        );
     }
 
     #[test]
     fn an_unrepresentable_deadline_means_no_deadline() {
         let options = Options::default().timeout(Duration::MAX);
-        assert_eq!(options.deadline_from(Instant::now(), Duration::from_secs(1)), None);
+        assert_eq!(
+            options.deadline_from(Instant::now(), Duration::from_secs(1)),
+            None
+        );
     }
 }

@@ -34,7 +34,11 @@ impl<T> Step<T> {
 
 /// Runs `attempt` until it is done, fails for good, the strategy gives up, or the next
 /// retry would start after `deadline`. Never sleeps past the deadline.
-pub(crate) async fn run<T, F, Fut>(retry: &Retry, deadline: Option<Instant>, mut attempt: F) -> Result<T>
+pub(crate) async fn run<T, F, Fut>(
+    retry: &Retry,
+    deadline: Option<Instant>,
+    mut attempt: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Step<T>>,

@@ -306,7 +306,10 @@ mod tests {
     #[test]
     fn intervals_retry_once_per_interval() {
         let retry = Retry::intervals([ms(1), ms(5), ms(3)]);
-        assert_eq!(retry.backoff().collect::<Vec<_>>(), vec![ms(1), ms(5), ms(3)]);
+        assert_eq!(
+            retry.backoff().collect::<Vec<_>>(),
+            vec![ms(1), ms(5), ms(3)]
+        );
     }
 
     #[test]
@@ -340,7 +343,9 @@ mod tests {
 
     #[test]
     fn plus_minus_half_jitter_spreads_around_the_delay() {
-        let retry = Retry::linear(ms(100)).jitter(Jitter::PlusMinusHalf).limit(1000);
+        let retry = Retry::linear(ms(100))
+            .jitter(Jitter::PlusMinusHalf)
+            .limit(1000);
         let delays: Vec<_> = retry.backoff().collect();
         assert!(delays.iter().all(|d| *d >= ms(50) && *d <= ms(150)));
         assert!(delays.iter().any(|d| *d > ms(100)));

@@ -126,7 +126,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     }
 
     /// Extends every key to `ttl_ms`; false when the lock is not held.
-    pub(crate) async fn refresh(&self, keys: &[String], owner: &Owner, ttl_ms: u64) -> Result<bool> {
+    pub(crate) async fn refresh(
+        &self,
+        keys: &[String],
+        owner: &Owner,
+        ttl_ms: u64,
+    ) -> Result<bool> {
         let done: i64 = scripts::REFRESH
             .key(keys)
             .arg(owner.tag())

@@ -99,7 +99,11 @@ mod tests {
 
     #[test]
     fn ttl_under_a_millisecond_is_rejected() {
-        for ttl in [Duration::ZERO, Duration::from_nanos(1), Duration::from_micros(999)] {
+        for ttl in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_micros(999),
+        ] {
             assert_eq!(ttl_millis(ttl), Err(InvalidInput::TtlTooShort { ttl }));
         }
     }

@@ -108,8 +108,14 @@ async fn reobtain_of_a_superset_with_own_token_succeeds() {
 #[tokio::test]
 async fn reobtain_fails_when_another_token_holds_any_key() {
     let env = Env::start().await;
-    env.client.obtain("a", ms(10_000), &opts().token("t1")).await.unwrap();
-    env.client.obtain("b", ms(10_000), &opts().token("t2")).await.unwrap();
+    env.client
+        .obtain("a", ms(10_000), &opts().token("t1"))
+        .await
+        .unwrap();
+    env.client
+        .obtain("b", ms(10_000), &opts().token("t2"))
+        .await
+        .unwrap();
     let err = env
         .client
         .obtain_multi(["a", "b"], ms(10_000), &opts().token("t1"))
@@ -161,7 +167,10 @@ async fn refresh_of_an_expired_lock_is_not_obtained() {
     }
     let err = lock.refresh(ms(10_000), &opts()).await.unwrap_err();
     assert!(matches!(err, Error::NotObtained), "{err:?}");
-    assert!(!env.exists("job").await, "refresh must not recreate the key");
+    assert!(
+        !env.exists("job").await,
+        "refresh must not recreate the key"
+    );
 }
 
 #[tokio::test]
@@ -191,8 +200,16 @@ async fn release_of_a_foreign_lock_is_not_held() {
 async fn second_release_of_the_same_token_is_not_held() {
     let env = Env::start().await;
     let options = opts().token("shared");
-    let first = env.client.obtain("job", ms(10_000), &options).await.unwrap();
-    let second = env.client.obtain("job", ms(10_000), &options).await.unwrap();
+    let first = env
+        .client
+        .obtain("job", ms(10_000), &options)
+        .await
+        .unwrap();
+    let second = env
+        .client
+        .obtain("job", ms(10_000), &options)
+        .await
+        .unwrap();
     first.release().await.unwrap();
     let err = second.release().await.unwrap_err();
     assert!(matches!(err, Error::NotHeld), "{err:?}");
@@ -213,8 +230,15 @@ async fn ttl_distinguishes_lost_from_held() {
 async fn a_key_holding_a_list_gives_a_wrong_type_error() {
     let env = Env::start().await;
     env.cmd::<i64>(&["RPUSH", "queue", "x"]).await;
-    let err = env.client.obtain("queue", ms(10_000), &opts()).await.unwrap_err();
-    assert!(matches!(&err, Error::WrongType { key } if key == "queue"), "{err:?}");
+    let err = env
+        .client
+        .obtain("queue", ms(10_000), &opts())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::WrongType { key } if key == "queue"),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("queue"));
     assert_eq!(env.cmd::<String>(&["TYPE", "queue"]).await, "list");
 }
@@ -228,7 +252,10 @@ async fn a_hash_in_a_key_set_gives_a_wrong_type_error_and_changes_nothing() {
         .obtain_multi(["free", "h", "also-free"], ms(10_000), &opts())
         .await
         .unwrap_err();
-    assert!(matches!(&err, Error::WrongType { key } if key == "h"), "{err:?}");
+    assert!(
+        matches!(&err, Error::WrongType { key } if key == "h"),
+        "{err:?}"
+    );
     assert!(!env.exists("free").await && !env.exists("also-free").await);
     assert_eq!(env.cmd::<String>(&["TYPE", "h"]).await, "hash");
 }
@@ -240,7 +267,10 @@ async fn a_lock_whose_key_became_a_hash_is_not_held() {
     env.cmd::<i64>(&["DEL", "job"]).await;
     env.cmd::<i64>(&["HSET", "job", "f", "v"]).await;
     assert_eq!(lock.ttl().await.unwrap(), None);
-    assert!(matches!(lock.refresh(ms(10_000), &opts()).await, Err(Error::NotObtained)));
+    assert!(matches!(
+        lock.refresh(ms(10_000), &opts()).await,
+        Err(Error::NotObtained)
+    ));
     assert!(matches!(lock.release().await, Err(Error::NotHeld)));
     assert_eq!(env.cmd::<String>(&["TYPE", "job"]).await, "hash");
 }
@@ -249,8 +279,16 @@ async fn a_lock_whose_key_became_a_hash_is_not_held() {
 async fn debug_output_never_shows_the_token() {
     let env = Env::start().await;
     let options = opts().token("super-secret-token").metadata("visible");
-    let lock = env.client.obtain("job", ms(10_000), &options).await.unwrap();
-    for debug in [format!("{lock:?}"), format!("{options:?}"), format!("{:?}", env.client)] {
+    let lock = env
+        .client
+        .obtain("job", ms(10_000), &options)
+        .await
+        .unwrap();
+    for debug in [
+        format!("{lock:?}"),
+        format!("{options:?}"),
+        format!("{:?}", env.client),
+    ] {
         assert!(!debug.contains("super-secret"), "{debug}");
     }
     assert!(format!("{lock:?}").contains("visible"));
@@ -260,7 +298,10 @@ async fn debug_output_never_shows_the_token() {
 async fn works_over_a_plain_multiplexed_connection() {
     let env = Env::start().await;
     let client = Client::new(connect(&env.server).await);
-    let lock = client.obtain_multi(["a", "b"], ms(10_000), &opts()).await.unwrap();
+    let lock = client
+        .obtain_multi(["a", "b"], ms(10_000), &opts())
+        .await
+        .unwrap();
     assert!(lock.ttl().await.unwrap().is_some());
     lock.refresh(ms(10_000), &opts()).await.unwrap();
     lock.release().await.unwrap();

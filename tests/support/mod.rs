@@ -22,7 +22,11 @@ impl Env {
         let server = RedisServer::start();
         let client = Client::connect(&server.url()).await.expect("connect");
         let raw = connect(&server).await;
-        Self { server, client, raw }
+        Self {
+            server,
+            client,
+            raw,
+        }
     }
 
     /// A second client on the same server, as another process would have.
@@ -70,11 +74,21 @@ pub async fn connect(server: &RedisServer) -> MultiplexedConnection {
 }
 
 /// A multiplexed connection whose replies time out after `timeout`.
-pub async fn connect_with_timeout(server: &RedisServer, timeout: Duration) -> MultiplexedConnection {
-    connect_with(server, AsyncConnectionConfig::new().set_response_timeout(Some(timeout))).await
+pub async fn connect_with_timeout(
+    server: &RedisServer,
+    timeout: Duration,
+) -> MultiplexedConnection {
+    connect_with(
+        server,
+        AsyncConnectionConfig::new().set_response_timeout(Some(timeout)),
+    )
+    .await
 }
 
-async fn connect_with(server: &RedisServer, config: AsyncConnectionConfig) -> MultiplexedConnection {
+async fn connect_with(
+    server: &RedisServer,
+    config: AsyncConnectionConfig,
+) -> MultiplexedConnection {
     redis::Client::open(server.url())
         .expect("url")
         .get_multiplexed_async_connection_with_config(&config)

@@ -1,0 +1,239 @@
+//! Retry strategies and deadlines around obtain and refresh.
+
+mod support;
+
+use std::time::Duration;
+
+use lockset::{Client, Error, Options, Retry};
+use support::{Env, connect_with_timeout, ms};
+use tokio::time::Instant;
+
+/// A lock held by someone else for a long time.
+async fn hold(
+    env: &Env,
+    key: &str,
+) -> lockset::Lock<impl lockset::redis::aio::ConnectionLike + Clone + Send + Sync + 'static> {
+    env.other_client()
+        .await
+        .obtain(key, ms(60_000), &Options::default())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn retry_succeeds_once_the_holder_expires() {
+    let env = Env::start().await;
+    env.client
+        .obtain("job", ms(1_000), &Options::default())
+        .await
+        .unwrap();
+    let options = Options::default()
+        .retry(Retry::linear(ms(20)))
+        .timeout(Duration::from_secs(30));
+    let attempts_before = env.calls("set").await;
+    env.client
+        .obtain("job", ms(10_000), &options)
+        .await
+        .unwrap();
+    assert!(
+        env.calls("set").await - attempts_before >= 2,
+        "it had to retry"
+    );
+}
+
+#[tokio::test]
+async fn limit_retry_makes_n_plus_one_attempts_then_not_obtained() {
+    let env = Env::start().await;
+    let _held = hold(&env, "job").await;
+    let before = env.calls("set").await;
+    let options = Options::default()
+        .retry(Retry::linear(ms(1)).limit(3))
+        .timeout(Duration::from_secs(30));
+    let err = env
+        .client
+        .obtain("job", ms(10_000), &options)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert_eq!(env.calls("set").await - before, 4);
+}
+
+#[tokio::test]
+async fn retry_state_is_fresh_for_every_call_and_task() {
+    let env = Env::start().await;
+    let _held = hold(&env, "job").await;
+    let options = Options::default()
+        .retry(Retry::linear(ms(1)).limit(2))
+        .timeout(Duration::from_secs(30));
+    let before = env.calls("set").await;
+    for _ in 0..3 {
+        assert!(
+            env.client
+                .obtain("job", ms(10_000), &options)
+                .await
+                .is_err()
+        );
+    }
+    let tasks: Vec<_> = (0..5)
+        .map(|_| {
+            let (client, options) = (env.client.clone(), options.clone());
+            tokio::spawn(async move { client.obtain("job", ms(10_000), &options).await })
+        })
+        .collect();
+    for task in tasks {
+        assert!(task.await.unwrap().unwrap_err().is_not_obtained());
+    }
+    assert_eq!(env.calls("set").await - before, 8 * 3);
+}
+
+#[tokio::test]
+async fn timeout_ends_retries_with_deadline_exceeded() {
+    let env = Env::start().await;
+    let _held = hold(&env, "job").await;
+    let options = Options::default()
+        .retry(Retry::linear(ms(10)))
+        .timeout(ms(300));
+    let start = Instant::now();
+    let err = env
+        .client
+        .obtain("job", ms(60_000), &options)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::DeadlineExceeded), "{err:?}");
+    assert!(err.is_not_obtained() && err.is_deadline_exceeded());
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        env.calls("set").await >= 3,
+        "it retried before the deadline"
+    );
+}
+
+#[tokio::test]
+async fn without_a_timeout_obtain_gives_up_after_the_ttl() {
+    let env = Env::start().await;
+    let _held = hold(&env, "job").await;
+    let options = Options::default().retry(Retry::linear(ms(10)));
+    let start = Instant::now();
+    let err = env
+        .client
+        .obtain("job", ms(300), &options)
+        .await
+        .unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_deadline_in_the_past_still_tries_once() {
+    let env = Env::start().await;
+    let options = Options::default()
+        .retry(Retry::linear(ms(10)))
+        .deadline(Instant::now());
+    env.client
+        .obtain("free", ms(10_000), &options)
+        .await
+        .unwrap();
+    let err = env
+        .client
+        .obtain("free", ms(10_000), &options)
+        .await
+        .unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_retry_longer_than_the_deadline_is_not_slept() {
+    let env = Env::start().await;
+    let _held = hold(&env, "job").await;
+    let options = Options::default()
+        .retry(Retry::linear(Duration::from_secs(3_600)))
+        .timeout(Duration::from_secs(1_800));
+    let err = env
+        .client
+        .obtain("job", ms(60_000), &options)
+        .await
+        .unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+}
+
+#[tokio::test]
+async fn obtain_can_be_wrapped_in_a_tokio_timeout() {
+    let env = Env::start().await;
+    let _held = hold(&env, "job").await;
+    let options = Options::default()
+        .retry(Retry::linear(ms(10)))
+        .timeout(Duration::from_secs(3_600));
+    let outcome =
+        tokio::time::timeout(ms(200), env.client.obtain("job", ms(60_000), &options)).await;
+    assert!(outcome.is_err(), "the outer timeout fires first");
+}
+
+#[tokio::test]
+async fn refresh_of_a_lost_lock_fails_at_once_despite_retries() {
+    let env = Env::start().await;
+    let lock = env
+        .client
+        .obtain("job", ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    lock.refresh(ms(10_000), &Options::default()).await.unwrap(); // loads the script
+    env.cmd::<i64>(&["DEL", "job"]).await;
+    let before = env.calls("evalsha").await;
+    let options = Options::default().retry(Retry::linear(ms(10)).limit(50));
+    let err = lock.refresh(ms(10_000), &options).await.unwrap_err();
+    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert_eq!(env.calls("evalsha").await - before, 1);
+}
+
+#[tokio::test]
+async fn a_timed_out_obtain_reports_an_unknown_outcome_and_leaves_no_lock() {
+    let env = Env::start().await;
+    let conn = connect_with_timeout(&env.server, ms(200)).await;
+    let client = Client::new(conn.clone());
+
+    env.server.pause();
+    let err = client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap_err();
+    env.server.resume();
+    assert!(matches!(err, Error::UnknownOutcome(_)), "{err:?}");
+
+    // The obtain and its clean-up were queued on this connection while the server slept;
+    // a PING on the same connection answers only after both ran.
+    let _: String = lockset::redis::cmd("PING")
+        .query_async(&mut conn.clone())
+        .await
+        .unwrap();
+    assert!(
+        !env.exists("job").await,
+        "the timed-out obtain left its lock behind"
+    );
+}
+
+#[tokio::test]
+async fn a_timed_out_obtain_is_retried_and_then_succeeds() {
+    let env = Env::start().await;
+    let client = Client::new(connect_with_timeout(&env.server, ms(200)).await);
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(Duration::from_secs(30));
+    env.server.pause();
+    // The server stalls for a while (the fault), then comes back.
+    let (obtained, ()) = tokio::join!(client.obtain("job", ms(60_000), &options), async {
+        tokio::time::sleep(ms(700)).await;
+        env.server.resume();
+    });
+    let lock = obtained.unwrap();
+    assert!(lock.ttl().await.unwrap().is_some());
+    lock.release().await.unwrap();
+    assert!(!env.exists("job").await);
+}
