@@ -17,12 +17,18 @@ async fn main() -> Result<(), lockset::Error> {
     let client = Client::connect(&url).await?;
 
     let options = Options::default().metadata("quickstart");
-    let lock = client.obtain("quickstart:report", Duration::from_secs(10), &options).await?;
+    let lock = client
+        .obtain("quickstart:report", Duration::from_secs(10), &options)
+        .await?;
     println!("obtained {:?} (metadata {:?})", lock.key(), lock.metadata());
 
     // Someone else trying now is turned away.
     let err = client
-        .obtain("quickstart:report", Duration::from_secs(10), &Options::default())
+        .obtain(
+            "quickstart:report",
+            Duration::from_secs(10),
+            &Options::default(),
+        )
         .await
         .expect_err("the key is held");
     println!("a second obtain fails: {err}");
@@ -30,8 +36,12 @@ async fn main() -> Result<(), lockset::Error> {
     let left = lock.ttl().await?.expect("still held");
     println!("time left: {left:?}");
 
-    lock.refresh(Duration::from_secs(30), &Options::default()).await?;
-    println!("after refresh: {:?}", lock.ttl().await?.expect("still held"));
+    lock.refresh(Duration::from_secs(30), &Options::default())
+        .await?;
+    println!(
+        "after refresh: {:?}",
+        lock.ttl().await?.expect("still held")
+    );
 
     lock.release().await?;
     println!("released");

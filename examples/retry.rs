@@ -18,7 +18,9 @@ async fn main() -> Result<(), lockset::Error> {
     let client = Client::connect(&url).await?;
 
     // Someone holds the lock for 500 ms.
-    let _busy = client.obtain("retry:job", Duration::from_millis(500), &Options::default()).await?;
+    let _busy = client
+        .obtain("retry:job", Duration::from_millis(500), &Options::default())
+        .await?;
 
     // Exponential backoff with full jitter, at most 20 retries, for at most 2 seconds.
     let patient = Options::default()
@@ -29,8 +31,13 @@ async fn main() -> Result<(), lockset::Error> {
         )
         .timeout(Duration::from_secs(2));
     let start = Instant::now();
-    let lock = client.obtain("retry:job", Duration::from_secs(5), &patient).await?;
-    println!("obtained after {:?}, once the holder's TTL ran out", start.elapsed());
+    let lock = client
+        .obtain("retry:job", Duration::from_secs(5), &patient)
+        .await?;
+    println!(
+        "obtained after {:?}, once the holder's TTL ran out",
+        start.elapsed()
+    );
 
     // Too impatient: the deadline passes while the lock is held.
     let impatient = Options::default()

@@ -69,3 +69,8 @@ pub use value::parse_value;
 
 /// The redis-rs version this crate is built with, so your connections match.
 pub use redis;
+
+// Compile the README's example as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+struct ReadmeDoctests;
