@@ -2,7 +2,6 @@
 //!
 //! Run with `cargo run --example multi_key`. Uses `REDIS_URL` when set; otherwise starts a
 //! throwaway local redis-server.
-#![allow(clippy::print_stdout, clippy::expect_used)]
 
 #[path = "../tests/support/server.rs"]
 mod server;

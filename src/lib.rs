@@ -48,6 +48,15 @@
 //! - **Cluster.** All keys of one lock must live in one hash slot: give them a common hash
 //!   tag, like `{user42}:cart` and `{user42}:wallet`.
 
+// No panics and no printing in the library itself; tests, examples and test support may.
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
+
 mod client;
 mod error;
 mod lock;
