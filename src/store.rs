@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{RedisError, RedisResult, Value};
+use redis::{FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
 use crate::scripts;
@@ -100,12 +100,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         value: &str,
         ttl_ms: u64,
     ) -> Result<Obtain> {
-        let reply: Value = scripts::OBTAIN
-            .key(keys)
-            .arg(owner.tag())
-            .arg(value)
-            .arg(ttl_ms)
-            .invoke_async(&mut self.conn.clone())
+        let reply = self
+            .invoke(&scripts::OBTAIN, keys, owner, (value, ttl_ms))
             .await?;
         parse_obtain_reply(reply)
     }
@@ -113,10 +109,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// The smallest remaining TTL across `keys`, or `None` when the lock is not held.
     /// A lock held without expiry reports `Duration::MAX`.
     pub(crate) async fn pttl(&self, keys: &[String], owner: &Owner) -> Result<Option<Duration>> {
-        let left: i64 = scripts::PTTL
-            .key(keys)
-            .arg(owner.tag())
-            .invoke_async(&mut self.conn.clone())
+        let left: i64 = self
+            .invoke(&scripts::PTTL, keys, owner, None::<u64>)
             .await?;
         Ok(match left {
             scripts::PTTL_NOT_HELD => None,
@@ -132,23 +126,30 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         owner: &Owner,
         ttl_ms: u64,
     ) -> Result<bool> {
-        let done: i64 = scripts::REFRESH
-            .key(keys)
-            .arg(owner.tag())
-            .arg(ttl_ms)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let done: i64 = self.invoke(&scripts::REFRESH, keys, owner, ttl_ms).await?;
         Ok(done == 1)
     }
 
     /// Deletes every key; false when the lock is not held.
     pub(crate) async fn release(&self, keys: &[String], owner: &Owner) -> Result<bool> {
-        let done: i64 = scripts::RELEASE
-            .key(keys)
-            .arg(owner.tag())
-            .invoke_async(&mut self.conn.clone())
+        let done: i64 = self
+            .invoke(&scripts::RELEASE, keys, owner, None::<u64>)
             .await?;
         Ok(done == 1)
+    }
+
+    /// Runs `script` by EVALSHA over `keys` with the owner tag as `ARGV[1]`, then `args`
+    /// (`None` for no more arguments).
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        owner: &Owner,
+        args: impl ToRedisArgs,
+    ) -> Result<T> {
+        let mut invocation = script.prepare_invoke();
+        invocation.key(keys).arg(owner.tag()).arg(args);
+        Ok(invocation.invoke_async(&mut self.conn.clone()).await?)
     }
 
     /// Like [`Store::release`], but sends the script's source with EVAL. For clean-up after
