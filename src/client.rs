@@ -1,16 +1,19 @@
 //! The public entry point: a cheap, cloneable handle that obtains locks.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::time::Instant;
 
-use crate::error::{Error, Result};
-use crate::lock::Lock;
+use crate::error::{Error, InvalidInput, Result};
+use crate::lock::{Lock, Obtained};
 use crate::options::Options;
 use crate::policy::{self, Step};
+use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
+use crate::tasks::Tasks;
 use crate::validate;
 use crate::value::Owner;
 
@@ -37,6 +40,7 @@ use crate::value::Owner;
 #[derive(Clone)]
 pub struct Client<C> {
     store: Store<C>,
+    tasks: Tasks,
 }
 
 impl Client<ConnectionManager> {
@@ -57,7 +61,15 @@ where
     pub fn new(conn: C) -> Self {
         Self {
             store: Store::new(conn),
+            tasks: Tasks::default(),
         }
+    }
+
+    /// How many background tasks this client and its clones are running now: watchdogs,
+    /// releases of dropped [`Guard`](crate::Guard)s, clean-ups after cancelled obtains.
+    /// Zero once every lock is released and every clean-up is done.
+    pub fn background_tasks(&self) -> usize {
+        self.tasks.count()
     }
 
     /// Locks one key for `ttl`.
@@ -101,6 +113,61 @@ where
         self.obtain_keys(keys, ttl, options).await
     }
 
+    /// Obtains `keys`, runs `work` while a watchdog keeps the lock alive, then releases the
+    /// lock and returns `work`'s output.
+    ///
+    /// `work` receives the lock's [`LostSignal`]; select on it to stop when the lock is lost.
+    /// The lock is released when `work` finishes, whatever it returns, and also when it
+    /// panics or this future is dropped (then in the background, see
+    /// [`Guard`](crate::Guard)). A failed release is logged, not returned: by then the work is
+    /// done, and the signal told it if the lock was lost meanwhile. The watchdog refreshes
+    /// every [`Options::watchdog_interval`] (default a third of the TTL).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: lockset::Client<lockset::redis::aio::ConnectionManager>) -> Result<(), lockset::Error> {
+    /// use std::time::Duration;
+    /// use lockset::Options;
+    ///
+    /// let outcome = client
+    ///     .with_lock(["invoice:42"], Duration::from_secs(5), &Options::default(), |lost| async move {
+    ///         tokio::select! {
+    ///             _ = lost.lost() => Err("lock lost; stopped early"),
+    ///             _ = tokio::time::sleep(Duration::from_secs(30)) => Ok("done"),
+    ///         }
+    ///     })
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`Client::obtain_multi`]; `work` does not run then.
+    pub async fn with_lock<I, F, Fut, T>(
+        &self,
+        keys: I,
+        ttl: Duration,
+        options: &Options,
+        work: F,
+    ) -> Result<T>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+        F: FnOnce(LostSignal) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let lock = self.obtain_multi(keys, ttl, options).await?;
+        let guard = match options.watchdog_interval {
+            Some(every) => lock.keep_alive_every(every),
+            None => lock.keep_alive(),
+        };
+        let output = work(guard.lost_signal()).await;
+        if let Err(err) = guard.release().await {
+            tracing::warn!(%err, "release after with_lock's work failed");
+        }
+        Ok(output)
+    }
+
     async fn obtain_keys(
         &self,
         keys: Vec<String>,
@@ -114,36 +181,88 @@ where
             Some(token) => Owner::custom(token)?,
             None => Owner::random(),
         };
+        let counter =
+            match &options.fencing {
+                Some(fencing) => Some(fencing.counter_key(&keys[0]).ok_or_else(|| {
+                    InvalidInput::NoFencingKey {
+                        key: keys[0].clone(),
+                    }
+                })?),
+                None => None,
+            };
         let value = owner.value(&options.metadata);
+        let attempt = Attempt {
+            client: self,
+            keys: &keys,
+            owner: &owner,
+            value: &value,
+            ttl_ms,
+            counter: counter.as_deref(),
+            random_token: options.token.is_none(),
+        };
         let deadline = options.deadline_from(start, ttl);
-        let attempt = || self.obtain_once(&keys, &owner, &value, ttl_ms, options.token.is_none());
-        policy::run(&options.retry, deadline, attempt).await?;
-        Ok(Lock::new(
-            self.store.clone(),
+        let (fence, sent) = policy::run(&options.retry, deadline, || attempt.run()).await?;
+        let obtained = Obtained {
             keys,
             owner,
-            options.metadata.clone(),
-        ))
+            metadata: options.metadata.clone(),
+            ttl,
+            ttl_ms,
+            fence,
+            sent,
+        };
+        Ok(Lock::new(self.clone(), obtained))
     }
 
-    /// One attempt. A reply that never came (client-side timeout) leaves the outcome
-    /// unknown: the script may have locked the keys. For a random token, nobody else can own
-    /// keys holding it, so release them by token before retrying or giving up. A custom
-    /// token may already have held these keys before this call, so they are left to expire.
-    async fn obtain_once(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        value: &str,
-        ttl_ms: u64,
-        random_token: bool,
-    ) -> Step<()> {
-        match self.store.obtain(keys, owner, value, ttl_ms).await {
-            Ok(Obtain::Obtained) => Step::Done(()),
+    pub(crate) fn store(&self) -> &Store<C> {
+        &self.store
+    }
+
+    pub(crate) fn tasks(&self) -> &Tasks {
+        &self.tasks
+    }
+}
+
+/// One obtain attempt's inputs, computed once per call.
+struct Attempt<'a, C> {
+    client: &'a Client<C>,
+    keys: &'a [String],
+    owner: &'a Owner,
+    value: &'a str,
+    ttl_ms: u64,
+    counter: Option<&'a str>,
+    /// Nobody else can hold keys with a random token, so clean-up by token is safe.
+    random_token: bool,
+}
+
+impl<C> Attempt<'_, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// One attempt; on success, the fencing token and when the attempt was sent.
+    ///
+    /// A reply that never came (client-side timeout) leaves the outcome unknown: the script
+    /// may have locked the keys. So does dropping this future mid-flight. For a random
+    /// token, release by token then (before retrying or giving up, or in the background when
+    /// dropped). A custom token may already have held these keys before this call, so they
+    /// are left to expire with the TTL.
+    async fn run(&self) -> Step<(Option<u64>, Instant)> {
+        let sent = Instant::now();
+        let mut cleanup = CleanupOnDrop {
+            attempt: self.random_token.then_some(self),
+        };
+        let outcome = self
+            .client
+            .store
+            .obtain(self.keys, self.owner, self.value, self.ttl_ms, self.counter)
+            .await;
+        cleanup.attempt = None;
+        match outcome {
+            Ok(Obtain::Obtained { fence }) => Step::Done((fence, sent)),
             Ok(Obtain::Held { .. }) => Step::Again(Error::NotObtained),
             Err(Error::Redis(err)) if err.is_timeout() => {
-                if random_token {
-                    self.release_unknown(keys, owner).await;
+                if self.random_token {
+                    self.release_unknown().await;
                 }
                 Step::from_error(Error::UnknownOutcome(err))
             }
@@ -152,12 +271,49 @@ where
     }
 
     /// Best-effort release after an obtain whose outcome is unknown.
-    async fn release_unknown(&self, keys: &[String], owner: &Owner) {
-        match self.store.release_by_eval(keys, owner).await {
+    async fn release_unknown(&self) {
+        let store = &self.client.store;
+        match store.release_by_eval(self.keys, self.owner).await {
             Ok(released) => tracing::debug!(released, "cleaned up after an obtain timed out"),
-            Err(err) => {
-                tracing::warn!(%err, "clean-up after an obtain timed out failed; the keys expire with their TTL")
+            Err(err) => tracing::warn!(
+                %err,
+                "clean-up after an obtain timed out failed; the keys expire with their TTL"
+            ),
+        }
+    }
+}
+
+/// Releases by token in the background when an attempt is dropped mid-flight.
+struct CleanupOnDrop<'a, 'b, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    attempt: Option<&'b Attempt<'a, C>>,
+}
+
+impl<C> Drop for CleanupOnDrop<'_, '_, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        let Some(attempt) = self.attempt else {
+            return;
+        };
+        let (store, keys, owner) = (
+            attempt.client.store.clone(),
+            attempt.keys.to_vec(),
+            attempt.owner.clone(),
+        );
+        // Sent on the same connection after the obtain, so it runs after it.
+        let spawned = attempt.client.tasks.spawn(async move {
+            if let Err(err) = store.release_by_eval(&keys, &owner).await {
+                tracing::warn!(%err, "clean-up after a cancelled obtain failed; the keys expire with their TTL");
             }
+        });
+        if spawned.is_none() {
+            tracing::warn!(
+                "obtain cancelled outside a tokio runtime: its keys expire with their TTL"
+            );
         }
     }
 }

@@ -111,6 +111,16 @@ pub enum InvalidInput {
         /// The limit.
         max: Duration,
     },
+    /// No fencing counter key can be derived from the lock's first key (see
+    /// [`fencing_key_for`](crate::fencing_key_for)); name one with
+    /// [`Options::fencing_key`](crate::Options::fencing_key).
+    #[error(
+        "invalid input: no fencing counter key can be derived from {key:?}; set one with Options::fencing_key"
+    )]
+    NoFencingKey {
+        /// The lock's first key.
+        key: String,
+    },
     /// A custom token is the empty string.
     #[error("invalid input: the custom token is empty")]
     EmptyToken,

@@ -59,20 +59,27 @@
 
 mod client;
 mod error;
+mod fencing;
+mod guard;
 mod lock;
 mod options;
 mod policy;
 mod retry;
 mod scripts;
+mod signal;
 mod store;
+mod tasks;
 mod validate;
 mod value;
 
 pub use client::Client;
 pub use error::{Error, InvalidInput, Result};
+pub use fencing::fencing_key_for;
+pub use guard::Guard;
 pub use lock::Lock;
 pub use options::Options;
 pub use retry::{Backoff, Jitter, Retry, RetryStrategy};
+pub use signal::LostSignal;
 pub use validate::{MAX_KEYS, MAX_TTL};
 pub use value::parse_value;
 

@@ -4,12 +4,15 @@ use std::fmt;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::client::Client;
 use crate::error::{Error, Result};
+use crate::guard::Guard;
 use crate::options::Options;
 use crate::policy::{self, Step};
-use crate::store::Store;
+use crate::signal::LostSignal;
 use crate::validate;
 use crate::value::Owner;
 
@@ -17,25 +20,52 @@ use crate::value::Owner;
 /// [`Client::obtain_multi`](crate::Client::obtain_multi).
 ///
 /// Dropping a `Lock` does not release it: the keys expire with their TTL. Call
-/// [`Lock::release`] to free them early and to learn whether they were still ours.
+/// [`Lock::release`] to free them early and to learn whether they were still ours, or turn
+/// it into a [`Guard`] that releases on drop and can keep the lock alive.
 /// `Debug` output never shows the token.
 pub struct Lock<C> {
-    store: Store<C>,
+    client: Client<C>,
     keys: Vec<String>,
     owner: Owner,
     metadata: String,
+    ttl: Duration,
+    ttl_ms: u64,
+    fence: Option<u64>,
+    /// Until when the lock is known to be valid: when the last successful obtain or refresh
+    /// was sent, plus its TTL. Set to "now" once the lock is known lost or released.
+    validity: watch::Sender<Instant>,
+}
+
+/// What a successful obtain hands to [`Lock::new`].
+pub(crate) struct Obtained {
+    pub(crate) keys: Vec<String>,
+    pub(crate) owner: Owner,
+    pub(crate) metadata: String,
+    pub(crate) ttl: Duration,
+    pub(crate) ttl_ms: u64,
+    pub(crate) fence: Option<u64>,
+    /// When the successful attempt was sent.
+    pub(crate) sent: Instant,
 }
 
 impl<C> Lock<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    pub(crate) fn new(store: Store<C>, keys: Vec<String>, owner: Owner, metadata: String) -> Self {
+    pub(crate) fn new(client: Client<C>, obtained: Obtained) -> Self {
+        let valid_until = obtained
+            .sent
+            .checked_add(obtained.ttl)
+            .unwrap_or(obtained.sent);
         Self {
-            store,
-            keys,
-            owner,
-            metadata,
+            client,
+            keys: obtained.keys,
+            owner: obtained.owner,
+            metadata: obtained.metadata,
+            ttl: obtained.ttl,
+            ttl_ms: obtained.ttl_ms,
+            fence: obtained.fence,
+            validity: watch::Sender::new(valid_until),
         }
     }
 
@@ -60,12 +90,44 @@ where
         &self.metadata
     }
 
+    /// The fencing token minted when this lock was obtained, if
+    /// [`Options::fencing`](crate::Options::fencing) asked for one.
+    ///
+    /// Tokens from one counter strictly increase with every successful obtain, including a
+    /// re-obtain by the same token (which therefore supersedes the earlier one: use the
+    /// highest you hold). Send it with every write to the protected resource, and have the
+    /// resource reject a token lower than the highest it has seen. The counter is never
+    /// reset by release or expiry, but it lives in Redis: a server restarted without
+    /// persistence starts it over, so tokens can go backwards then.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// Until when the lock is known to be valid, by the local monotonic clock: the moment
+    /// the last successful obtain or refresh was *sent*, plus its TTL (the keys expire no
+    /// earlier on the server). Once the lock is known to be lost, or released, this is in
+    /// the past.
+    pub fn valid_until(&self) -> Instant {
+        *self.validity.borrow()
+    }
+
+    /// A cheap, cloneable signal that fires when the lock is known lost: its validity ran
+    /// out without a successful refresh, a refresh or TTL query found it gone, or it was
+    /// released. See [`LostSignal`].
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal::new(self.validity.subscribe())
+    }
+
     /// The remaining time of the lock: the smallest remaining TTL across its keys.
     ///
     /// `Ok(None)` means the lock is not held any more (a key expired or now belongs to
     /// someone else). A lock whose keys someone made persistent reports `Duration::MAX`.
     pub async fn ttl(&self) -> Result<Option<Duration>> {
-        self.store.pttl(&self.keys, &self.owner).await
+        let left = self.client.store().pttl(&self.keys, &self.owner).await?;
+        if left.is_none() {
+            self.mark_lost();
+        }
+        Ok(left)
     }
 
     /// Extends every key of the lock to `ttl`, only if every key is still ours.
@@ -80,13 +142,37 @@ where
         let ttl_ms = validate::ttl_millis(ttl)?;
         let deadline = options.deadline_from(start, ttl);
         policy::run(&options.retry, deadline, || async move {
-            match self.store.refresh(&self.keys, &self.owner, ttl_ms).await {
+            match self.refresh_once(ttl, ttl_ms).await {
                 Ok(true) => Step::Done(()),
                 Ok(false) => Step::Stop(Error::NotObtained),
                 Err(err) => Step::from_error(err),
             }
         })
         .await
+    }
+
+    /// One refresh attempt; keeps the validity up to date.
+    pub(crate) async fn refresh_once(&self, ttl: Duration, ttl_ms: u64) -> Result<bool> {
+        let sent = Instant::now();
+        let refreshed = self
+            .client
+            .store()
+            .refresh(&self.keys, &self.owner, ttl_ms)
+            .await?;
+        if refreshed {
+            let valid_until = sent.checked_add(ttl).unwrap_or(sent);
+            // Never move validity backwards (an older refresh finishing late).
+            self.validity.send_if_modified(|current| {
+                let later = valid_until > *current;
+                if later {
+                    *current = valid_until;
+                }
+                later
+            });
+        } else {
+            self.mark_lost();
+        }
+        Ok(refreshed)
     }
 
     /// Releases the lock: deletes every key, only if every key is still ours.
@@ -96,10 +182,59 @@ where
     /// [`Error::NotHeld`] when the lock expired or was taken over (nothing is deleted then);
     /// [`Error::Redis`] when Redis could not be reached (the keys expire with their TTL).
     pub async fn release(self) -> Result<()> {
-        match self.store.release(&self.keys, &self.owner).await? {
+        self.release_keys().await
+    }
+
+    pub(crate) async fn release_keys(&self) -> Result<()> {
+        self.mark_lost();
+        match self.client.store().release(&self.keys, &self.owner).await? {
             true => Ok(()),
             false => Err(Error::NotHeld),
         }
+    }
+
+    /// Turns the lock into a [`Guard`] that releases it when dropped, without a watchdog.
+    pub fn into_guard(self) -> Guard<C> {
+        Guard::new(self, None)
+    }
+
+    /// Turns the lock into a [`Guard`] whose watchdog refreshes it every third of its TTL
+    /// until the guard is released or dropped.
+    pub fn keep_alive(self) -> Guard<C> {
+        let every = self.ttl / 3;
+        self.keep_alive_every(every)
+    }
+
+    /// Like [`Lock::keep_alive`], refreshing every `interval`, clamped to between 1 ms and
+    /// half the TTL (so that a failed refresh can be retried before the lock expires).
+    pub fn keep_alive_every(self, interval: Duration) -> Guard<C> {
+        let interval = interval.min(self.ttl / 2).max(Duration::from_millis(1));
+        Guard::new(self, Some(interval))
+    }
+
+    /// Refreshes once with the TTL the lock was obtained with (for the watchdog).
+    pub(crate) async fn refresh_with_own_ttl(&self) -> Result<bool> {
+        self.refresh_once(self.ttl, self.ttl_ms).await
+    }
+
+    /// The TTL the lock was obtained with.
+    pub(crate) fn obtained_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    pub(crate) fn client(&self) -> &Client<C> {
+        &self.client
+    }
+
+    fn mark_lost(&self) {
+        let now = Instant::now();
+        self.validity.send_if_modified(|current| {
+            let earlier = now < *current;
+            if earlier {
+                *current = now;
+            }
+            earlier
+        });
     }
 }
 
@@ -109,6 +244,8 @@ impl<C> fmt::Debug for Lock<C> {
             .field("keys", &self.keys)
             .field("token", &"<redacted>")
             .field("metadata", &self.metadata)
+            .field("ttl", &self.ttl)
+            .field("fencing_token", &self.fence)
             .finish_non_exhaustive()
     }
 }

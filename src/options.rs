@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::fencing::Fencing;
 use crate::retry::Retry;
 
 /// How long an operation may keep retrying.
@@ -35,6 +36,8 @@ pub struct Options {
     pub(crate) retry: Retry,
     pub(crate) metadata: String,
     pub(crate) token: Option<String>,
+    pub(crate) fencing: Option<Fencing>,
+    pub(crate) watchdog_interval: Option<Duration>,
     limit: Option<Limit>,
 }
 
@@ -84,6 +87,32 @@ impl Options {
         self
     }
 
+    /// Mint a fencing token with every successful obtain (see
+    /// [`Lock::fencing_token`](crate::Lock::fencing_token)), from a counter key derived from
+    /// the lock's first key by [`fencing_key_for`](crate::fencing_key_for). Off by default;
+    /// locks without fencing pay nothing for it.
+    #[must_use]
+    pub fn fencing(mut self) -> Self {
+        self.fencing = Some(Fencing::Derived);
+        self
+    }
+
+    /// Mint fencing tokens from this counter key. Share one counter among every lock that
+    /// guards the same resource; on a cluster it must hash to the lock keys' slot.
+    #[must_use]
+    pub fn fencing_key(mut self, counter: impl Into<String>) -> Self {
+        self.fencing = Some(Fencing::Key(counter.into()));
+        self
+    }
+
+    /// How often [`Client::with_lock`](crate::Client::with_lock)'s watchdog refreshes the
+    /// lock. Defaults to a third of the TTL; clamped to between 1 ms and half the TTL.
+    #[must_use]
+    pub fn watchdog_interval(mut self, interval: Duration) -> Self {
+        self.watchdog_interval = Some(interval);
+        self
+    }
+
     /// When a call that started at `start` must stop retrying; `None` when that lies
     /// beyond what `Instant` can represent.
     pub(crate) fn deadline_from(&self, start: Instant, ttl: Duration) -> Option<Instant> {
@@ -101,6 +130,8 @@ impl fmt::Debug for Options {
             .field("retry", &self.retry)
             .field("metadata", &self.metadata)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("fencing", &self.fencing)
+            .field("watchdog_interval", &self.watchdog_interval)
             .field("limit", &self.limit)
             .finish()
     }

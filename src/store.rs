@@ -17,8 +17,8 @@ use crate::value::Owner;
 /// What one obtain attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Obtain {
-    /// Every key is ours.
-    Obtained,
+    /// Every key is ours; with the fencing token minted, when one was asked for.
+    Obtained { fence: Option<u64> },
     /// Another owner holds a key; its remaining TTL when known (`None`: unknown or no
     /// expiry).
     Held { ttl: Option<Duration> },
@@ -40,21 +40,25 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         }
     }
 
-    /// Tries once to lock every key in `keys` for `ttl_ms` with `value`.
+    /// Tries once to lock every key in `keys` for `ttl_ms` with `value`, incrementing the
+    /// fencing `counter` on success when one is given.
     pub(crate) async fn obtain(
         &self,
         keys: &[String],
         owner: &Owner,
         value: &str,
         ttl_ms: u64,
+        counter: Option<&str>,
     ) -> Result<Obtain> {
-        if let [key] = keys
+        if counter.is_none()
+            && let [key] = keys
             && self.set_nx_get.load(Ordering::Relaxed)
             && let Some(outcome) = self.obtain_one(key, owner, value, ttl_ms).await?
         {
             return Ok(outcome);
         }
-        self.obtain_by_script(keys, owner, value, ttl_ms).await
+        self.obtain_by_script(keys, owner, value, ttl_ms, counter)
+            .await
     }
 
     /// One key, no script: `SET key value NX PX ttl GET` either sets the key (reply nil) or
@@ -77,7 +81,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             .query_async(&mut self.conn.clone())
             .await;
         match reply {
-            Ok(None) => Ok(Some(Obtain::Obtained)),
+            Ok(None) => Ok(Some(Obtain::Obtained { fence: None })),
             // Held by ourselves: re-obtain by script, which also resets the TTL and value.
             Ok(Some(holder)) if owner.owns(&holder) => Ok(None),
             Ok(Some(_)) => Ok(Some(Obtain::Held { ttl: None })),
@@ -99,10 +103,18 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         owner: &Owner,
         value: &str,
         ttl_ms: u64,
+        counter: Option<&str>,
     ) -> Result<Obtain> {
-        let reply = self
-            .invoke(&scripts::OBTAIN, keys, owner, (value, ttl_ms))
-            .await?;
+        // The fencing counter, if any, goes last in KEYS, flagged by ARGV[4].
+        let mut invocation = scripts::OBTAIN.prepare_invoke();
+        invocation
+            .key(keys)
+            .key(counter)
+            .arg(owner.tag())
+            .arg(value)
+            .arg(ttl_ms)
+            .arg(counter.map(|_| 1));
+        let reply = invocation.invoke_async(&mut self.conn.clone()).await?;
         parse_obtain_reply(reply)
     }
 
@@ -183,7 +195,10 @@ fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
         return Err(unexpected(&reply));
     };
     match items.as_slice() {
-        [Value::Int(scripts::OBTAINED)] => Ok(Obtain::Obtained),
+        [Value::Int(scripts::OBTAINED)] => Ok(Obtain::Obtained { fence: None }),
+        [Value::Int(scripts::OBTAINED), Value::Int(fence)] => Ok(Obtain::Obtained {
+            fence: u64::try_from(*fence).ok(),
+        }),
         [Value::Int(scripts::HELD), Value::Int(ms)] => Ok(Obtain::Held {
             ttl: u64::try_from(*ms).ok().map(Duration::from_millis),
         }),

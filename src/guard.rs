@@ -1,0 +1,174 @@
+//! A lock that releases itself when dropped, and can keep itself alive (the watchdog).
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::Result;
+use crate::lock::Lock;
+
+/// A [`Lock`] that is released when dropped, optionally kept alive by a watchdog.
+///
+/// Made by [`Lock::into_guard`], [`Lock::keep_alive`] or [`Lock::keep_alive_every`]; used by
+/// [`Client::with_lock`](crate::Client::with_lock). Derefs to the [`Lock`] for its keys,
+/// token, TTL and [`lost_signal`](Lock::lost_signal).
+///
+/// - **Watchdog.** Refreshes the lock every interval (default a third of the TTL). A refresh
+///   that finds the lock gone fires the lost signal and stops the watchdog; transient errors
+///   are retried until the lock's validity runs out, and then the signal fires by itself.
+/// - **Release.** [`Guard::release`] stops the watchdog, waits for a refresh in flight to
+///   finish, and only then releases: no refresh can outlive the release.
+/// - **Drop.** Without an explicit release, dropping the guard stops the watchdog and releases
+///   the lock in a background task on the current tokio runtime (best effort; its outcome is
+///   logged with `tracing`). Outside a tokio runtime nothing can be sent: the keys then
+///   expire with their TTL. Use [`Guard::release`] to learn whether release succeeded.
+pub struct Guard<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    lock: Arc<Lock<C>>,
+    watchdog: Option<Watchdog>,
+    armed: bool,
+}
+
+/// A running watchdog: dropping `stop` asks it to end after any refresh in flight.
+struct Watchdog {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl<C> Guard<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    pub(crate) fn new(lock: Lock<C>, refresh_every: Option<Duration>) -> Self {
+        let lock = Arc::new(lock);
+        let watchdog = refresh_every.and_then(|every| {
+            let (stop, stopped) = oneshot::channel();
+            let tasks = lock.client().tasks();
+            let task = tasks.spawn(keep_alive(lock.clone(), every, stopped))?;
+            Some(Watchdog { stop, task })
+        });
+        if refresh_every.is_some() && watchdog.is_none() {
+            tracing::warn!("no tokio runtime: the lock is not kept alive");
+        }
+        Self {
+            lock,
+            watchdog,
+            armed: true,
+        }
+    }
+
+    /// Stops the watchdog (after any refresh in flight) and releases the lock.
+    ///
+    /// # Errors
+    ///
+    /// As [`Lock::release`]: [`Error::NotHeld`](crate::Error::NotHeld) when the lock was lost.
+    pub async fn release(mut self) -> Result<()> {
+        self.armed = false;
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.stop().await;
+        }
+        self.lock.release_keys().await
+    }
+}
+
+impl Watchdog {
+    async fn stop(self) {
+        drop(self.stop);
+        // A watchdog that panicked has nothing left to stop.
+        let _ = self.task.await;
+    }
+}
+
+impl<C> Deref for Guard<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    type Target = Lock<C>;
+
+    fn deref(&self) -> &Lock<C> {
+        &self.lock
+    }
+}
+
+impl<C> Drop for Guard<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (lock, watchdog) = (self.lock.clone(), self.watchdog.take());
+        let tasks = lock.client().tasks().clone();
+        let released = tasks.spawn(async move {
+            if let Some(watchdog) = watchdog {
+                watchdog.stop().await;
+            }
+            match lock.release_keys().await {
+                Ok(()) => tracing::debug!(keys = lock.keys().len(), "released a dropped lock"),
+                Err(err) => tracing::warn!(%err, "release of a dropped lock failed"),
+            }
+        });
+        if released.is_none() {
+            tracing::warn!("lock dropped outside a tokio runtime: its keys expire with their TTL");
+        }
+    }
+}
+
+impl<C> fmt::Debug for Guard<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("lock", &self.lock)
+            .field("watchdog", &self.watchdog.is_some())
+            .finish()
+    }
+}
+
+/// The watchdog: refreshes `lock` every `every` until stopped, lost, or out of validity.
+async fn keep_alive<C>(lock: Arc<Lock<C>>, every: Duration, mut stop: oneshot::Receiver<()>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let ttl = lock.obtained_ttl();
+    // After a failed refresh, try again sooner than the regular interval.
+    let retry_after = (every / 4).max(Duration::from_millis(1));
+    let mut next = refresh_due(lock.valid_until(), ttl, every);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut stop => return,
+            () = tokio::time::sleep_until(next) => {}
+        }
+        let valid_until = lock.valid_until();
+        if valid_until <= Instant::now() {
+            return; // Lost or released: the signal has fired.
+        }
+        // A refresh still unanswered when the validity runs out cannot help any more.
+        match tokio::time::timeout_at(valid_until, lock.refresh_with_own_ttl()).await {
+            Ok(Ok(true)) => next = refresh_due(lock.valid_until(), ttl, every),
+            Ok(Ok(false)) => return,
+            Ok(Err(err)) => {
+                tracing::warn!(%err, "watchdog refresh failed; retrying while the lock is valid");
+                next = Instant::now() + retry_after;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// When the next refresh is due: `every` after the last successful one was sent.
+fn refresh_due(valid_until: Instant, ttl: Duration, every: Duration) -> Instant {
+    let sent = valid_until.checked_sub(ttl).unwrap_or(valid_until);
+    sent + every
+}
