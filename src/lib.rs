@@ -45,6 +45,10 @@
 //!   [`Options::timeout`] or [`Options::deadline`], **the deadline is the lock's TTL**.
 //! - **Errors.** One [`Error`] enum; [`Error::is_not_obtained`] tells "somebody else holds
 //!   it" whatever ended the wait.
+//! - **Long work.** [`Client::with_lock`] and [`Lock::keep_alive`] keep a lock alive with a
+//!   watchdog; [`Lock::lost_signal`] tells the work when the lock is lost; a [`Guard`]
+//!   releases on drop; a cancelled obtain cleans up after itself; [`Options::fencing`] mints
+//!   fencing tokens. See the README's "Holding a lock for long work".
 //! - **Cluster.** All keys of one lock must live in one hash slot: give them a common hash
 //!   tag, like `{user42}:cart` and `{user42}:wallet`.
 
