@@ -8,7 +8,7 @@
 --
 -- Reply: {1}            every key is now ours, with a fresh TTL and the new value
 --        {1, fence}     the same, with the counter's new value
---        {0, pttl}      a key is held by another owner; pttl is its remaining ms (-1: none)
+--        {0, pttl, i}   KEYS[i] is held by another owner, for pttl more ms (-1: no expiry)
 --        {2, key}       key holds a value of the wrong type; nothing was changed
 --
 -- Keys are visited one by one instead of unpack()-ing KEYS, which overflows Lua's C stack
@@ -29,7 +29,7 @@ for i = 1, count do
     return {2, KEYS[i]}
   end
   if current and string.sub(current, 1, n) ~= owner then
-    return {0, redis.call('PTTL', KEYS[i])}
+    return {0, redis.call('PTTL', KEYS[i]), i}
   end
 end
 

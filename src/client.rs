@@ -8,9 +8,10 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::time::Instant;
 
 use crate::error::{Error, InvalidInput, Result};
+use crate::events::Events;
 use crate::lock::{Lock, Obtained};
 use crate::options::Options;
-use crate::policy::{self, Step};
+use crate::policy::{self, Held, Step, Waiter};
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
 use crate::tasks::Tasks;
@@ -41,15 +42,17 @@ use crate::value::Owner;
 pub struct Client<C> {
     store: Store<C>,
     tasks: Tasks,
+    events: Option<Events>,
 }
 
 impl Client<ConnectionManager> {
     /// Connects to `url` (e.g. `redis://127.0.0.1:6379/`) with a
-    /// [`ConnectionManager`] and redis-rs's default timeouts.
+    /// [`ConnectionManager`] and redis-rs's default timeouts, with release events on (see
+    /// [`Client::with_release_events`]).
     pub async fn connect(url: &str) -> Result<Self> {
         let client = redis::Client::open(url)?;
-        let conn = ConnectionManager::new(client).await?;
-        Ok(Self::new(conn))
+        let conn = ConnectionManager::new(client.clone()).await?;
+        Ok(Self::new(conn).with_release_events(client))
     }
 }
 
@@ -62,7 +65,35 @@ where
         Self {
             store: Store::new(conn),
             tasks: Tasks::default(),
+            events: None,
         }
+    }
+
+    /// Wakes waiting obtains the moment a lock they wait for is released, over one shared
+    /// pub/sub connection opened from `client` (on first use) for this client and its clones.
+    ///
+    /// Every release announces itself on the key's [`release_channel`](crate::release_channel)
+    /// (whether or not anyone listens). A waiting obtain subscribes to the channel of the key
+    /// that was held, tries once more (the release may have come before the subscription),
+    /// then waits for whichever comes first: a release event, its retry strategy's next
+    /// delay, or the holder's expiry (expiry announces nothing). A release wakes one waiter
+    /// of this client per key, not all of them. If the pub/sub connection drops, it
+    /// reconnects; meanwhile waiters keep polling per their strategy. The retry strategy
+    /// still decides whether and how long to wait: with [`Retry::NoRetry`](crate::Retry)
+    /// nobody waits.
+    ///
+    /// [`Client::connect`] turns this on; with [`Client::new`] it is off (a generic
+    /// connection cannot open a second one).
+    #[must_use]
+    pub fn with_release_events(mut self, client: redis::Client) -> Self {
+        self.events = Some(Events::new(client));
+        self
+    }
+
+    /// How many release channels this client's waiters listen on right now (zero when
+    /// nobody waits).
+    pub fn release_channels_watched(&self) -> usize {
+        self.events.as_ref().map_or(0, Events::channels)
     }
 
     /// How many background tasks this client and its clones are running now: watchdogs,
@@ -201,7 +232,9 @@ where
             random_token: options.token.is_none(),
         };
         let deadline = options.deadline_from(start, ttl);
-        let (fence, sent) = policy::run(&options.retry, deadline, || attempt.run()).await?;
+        let mut waiter = Waiter::for_keys(self.events.as_ref(), &keys);
+        let (fence, sent) =
+            policy::run(&options.retry, deadline, &mut waiter, || attempt.run()).await?;
         let obtained = Obtained {
             keys,
             owner,
@@ -259,7 +292,7 @@ where
         cleanup.attempt = None;
         match outcome {
             Ok(Obtain::Obtained { fence }) => Step::Done((fence, sent)),
-            Ok(Obtain::Held { .. }) => Step::Again(Error::NotObtained),
+            Ok(Obtain::Held { ttl, key }) => Step::Held(Held { ttl, key }),
             Err(Error::Redis(err)) if err.is_timeout() => {
                 if self.random_token {
                     self.release_unknown().await;

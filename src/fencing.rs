@@ -7,6 +7,8 @@
 //! holder sends it with every write, and the resource rejects a number lower than the highest
 //! it has seen (Kleppmann, "How to do distributed locking").
 
+use crate::slots::fencing_key_for;
+
 /// Which counter mints a lock's fencing tokens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Fencing {
@@ -27,60 +29,9 @@ impl Fencing {
     }
 }
 
-/// The fencing counter key derived from a lock's first key: it hashes to the same Redis
-/// Cluster slot as `key`.
-///
-/// - A key with a hash tag keeps it: `{user42}:cart` → `{user42}:cart:fence`.
-/// - A key without one becomes the tag: `orders` → `{orders}:fence`.
-/// - A key without a hash tag that contains `}` cannot be wrapped that way: `None`; pass a
-///   counter key with [`Options::fencing_key`](crate::Options::fencing_key) instead.
-///
-/// ```
-/// use lockset::fencing_key_for;
-/// assert_eq!(fencing_key_for("{user42}:cart").as_deref(), Some("{user42}:cart:fence"));
-/// assert_eq!(fencing_key_for("orders").as_deref(), Some("{orders}:fence"));
-/// assert_eq!(fencing_key_for("odd}key"), None);
-/// ```
-pub fn fencing_key_for(key: &str) -> Option<String> {
-    if hash_tag(key).is_some() {
-        Some(format!("{key}:fence"))
-    } else if key.contains('}') {
-        None
-    } else {
-        Some(format!("{{{key}}}:fence"))
-    }
-}
-
-/// Redis Cluster's hash tag of `key`: the text between the first `{` and the first `}`
-/// after it, when not empty.
-fn hash_tag(key: &str) -> Option<&str> {
-    let open = key.find('{')?;
-    let rest = &key[open + 1..];
-    let close = rest.find('}')?;
-    (close > 0).then(|| &rest[..close])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hash_tags_follow_the_cluster_rule() {
-        assert_eq!(hash_tag("{user42}:cart"), Some("user42"));
-        assert_eq!(hash_tag("a{b}c{d}"), Some("b"));
-        assert_eq!(hash_tag("{}x"), None);
-        assert_eq!(hash_tag("{{a}}"), Some("{a"));
-        assert_eq!(hash_tag("plain"), None);
-        assert_eq!(hash_tag("x{open"), None);
-    }
-
-    #[test]
-    fn derived_keys_keep_the_slot() {
-        assert_eq!(fencing_key_for("a{b}c").as_deref(), Some("a{b}c:fence"));
-        assert_eq!(fencing_key_for("x{open").as_deref(), Some("{x{open}:fence"));
-        assert_eq!(hash_tag("{x{open}:fence"), Some("x{open"));
-        assert_eq!(fencing_key_for("{}x"), None);
-    }
 
     #[test]
     fn an_explicit_counter_key_is_used_as_given() {

@@ -63,6 +63,7 @@
 
 mod client;
 mod error;
+mod events;
 mod fencing;
 mod guard;
 mod lock;
@@ -71,6 +72,7 @@ mod policy;
 mod retry;
 mod scripts;
 mod signal;
+mod slots;
 mod store;
 mod tasks;
 mod validate;
@@ -78,12 +80,12 @@ mod value;
 
 pub use client::Client;
 pub use error::{Error, InvalidInput, Result};
-pub use fencing::fencing_key_for;
 pub use guard::Guard;
 pub use lock::Lock;
 pub use options::Options;
 pub use retry::{Backoff, Jitter, Retry, RetryStrategy};
 pub use signal::LostSignal;
+pub use slots::{fencing_key_for, release_channel};
 pub use validate::{MAX_KEYS, MAX_TTL};
 pub use value::parse_value;
 

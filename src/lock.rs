@@ -11,7 +11,7 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::guard::Guard;
 use crate::options::Options;
-use crate::policy::{self, Step};
+use crate::policy::{self, Step, Waiter};
 use crate::signal::LostSignal;
 use crate::validate;
 use crate::value::Owner;
@@ -141,13 +141,18 @@ where
         let start = Instant::now();
         let ttl_ms = validate::ttl_millis(ttl)?;
         let deadline = options.deadline_from(start, ttl);
-        policy::run(&options.retry, deadline, || async move {
-            match self.refresh_once(ttl, ttl_ms).await {
-                Ok(true) => Step::Done(()),
-                Ok(false) => Step::Stop(Error::NotObtained),
-                Err(err) => Step::from_error(err),
-            }
-        })
+        policy::run(
+            &options.retry,
+            deadline,
+            &mut Waiter::sleeping(),
+            || async move {
+                match self.refresh_once(ttl, ttl_ms).await {
+                    Ok(true) => Step::Done(()),
+                    Ok(false) => Step::Stop(Error::NotObtained),
+                    Err(err) => Step::from_error(err),
+                }
+            },
+        )
         .await
     }
 

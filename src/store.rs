@@ -19,9 +19,9 @@ use crate::value::Owner;
 pub(crate) enum Obtain {
     /// Every key is ours; with the fencing token minted, when one was asked for.
     Obtained { fence: Option<u64> },
-    /// Another owner holds a key; its remaining TTL when known (`None`: unknown or no
-    /// expiry).
-    Held { ttl: Option<Duration> },
+    /// Another owner holds `keys[key]`; its remaining TTL when known (`None`: unknown or
+    /// no expiry).
+    Held { ttl: Option<Duration>, key: usize },
 }
 
 /// A connection to one Redis server, plus what we learned about that server.
@@ -30,6 +30,8 @@ pub(crate) struct Store<C> {
     conn: C,
     /// False once the server rejected `SET .. NX GET` (Redis before 7.0).
     set_nx_get: Arc<AtomicBool>,
+    /// The command `release.lua` announces releases with.
+    announce: &'static str,
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
@@ -37,6 +39,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Self {
             conn,
             set_nx_get: Arc::new(AtomicBool::new(true)),
+            // A standalone server: plain pub/sub. (redis-rs subscribes to sharded channels
+            // only over cluster connections, and a single server gains nothing from them.)
+            announce: "PUBLISH",
         }
     }
 
@@ -84,7 +89,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Ok(None) => Ok(Some(Obtain::Obtained { fence: None })),
             // Held by ourselves: re-obtain by script, which also resets the TTL and value.
             Ok(Some(holder)) if owner.owns(&holder) => Ok(None),
-            Ok(Some(_)) => Ok(Some(Obtain::Held { ttl: None })),
+            Ok(Some(_)) => Ok(Some(Obtain::Held { ttl: None, key: 0 })),
             Err(err) if err.code() == Some("WRONGTYPE") => Err(Error::WrongType {
                 key: key.to_owned(),
             }),
@@ -145,7 +150,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// Deletes every key; false when the lock is not held.
     pub(crate) async fn release(&self, keys: &[String], owner: &Owner) -> Result<bool> {
         let done: i64 = self
-            .invoke(&scripts::RELEASE, keys, owner, None::<u64>)
+            .invoke(&scripts::RELEASE, keys, owner, self.announce)
             .await?;
         Ok(done == 1)
     }
@@ -173,6 +178,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             .arg(keys.len())
             .arg(keys)
             .arg(owner.tag())
+            .arg(self.announce)
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(done == 1)
@@ -199,8 +205,10 @@ fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
         [Value::Int(scripts::OBTAINED), Value::Int(fence)] => Ok(Obtain::Obtained {
             fence: u64::try_from(*fence).ok(),
         }),
-        [Value::Int(scripts::HELD), Value::Int(ms)] => Ok(Obtain::Held {
+        [Value::Int(scripts::HELD), Value::Int(ms), Value::Int(index)] => Ok(Obtain::Held {
             ttl: u64::try_from(*ms).ok().map(Duration::from_millis),
+            // Lua counts from 1.
+            key: usize::try_from(*index - 1).unwrap_or(0),
         }),
         [Value::Int(scripts::WRONG_TYPE), key] => Err(Error::WrongType {
             key: redis::from_redis_value_ref(key).unwrap_or_default(),

@@ -153,15 +153,34 @@ async fn a_deadline_in_the_past_still_tries_once() {
 async fn a_retry_longer_than_the_deadline_is_not_slept() {
     let env = Env::start().await;
     let _held = hold(&env, "job").await;
+    // A polling client: nothing but the retry could wake it before the deadline.
+    let polling = Client::new(support::connect(&env.server).await);
     let options = Options::default()
         .retry(Retry::linear(Duration::from_secs(3_600)))
         .timeout(Duration::from_secs(1_800));
-    let err = env
-        .client
+    let err = polling
         .obtain("job", ms(60_000), &options)
         .await
         .unwrap_err();
     assert!(err.is_deadline_exceeded(), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_release_before_the_deadline_wakes_a_waiter_whose_retry_lies_beyond_it() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    let options = Options::default()
+        .retry(Retry::linear(Duration::from_secs(3_600)))
+        .timeout(Duration::from_secs(60));
+    let (obtained, ()) = tokio::join!(env.client.obtain("job", ms(60_000), &options), async {
+        // Release once the waiter listens.
+        while env.client.release_channels_watched() == 0 {
+            tokio::time::sleep(ms(1)).await;
+        }
+        held.release().await.unwrap();
+    });
+    obtained.unwrap();
+    assert_eq!(env.client.release_channels_watched(), 0);
 }
 
 #[tokio::test]

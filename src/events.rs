@@ -1,0 +1,242 @@
+//! Release events: one shared pub/sub connection per client wakes its waiting obtains the
+//! moment a lock is released, instead of leaving them to poll.
+//!
+//! A background task owns the connection. Waiters register interest in a key's release
+//! channel; the first waiter of a channel subscribes, the last one to leave unsubscribes,
+//! and every command to the server goes through the task in order, so subscribing and
+//! unsubscribing never race. When the connection drops, the task reconnects and subscribes
+//! again; meanwhile waiters keep their retry strategy's polling, so nobody hangs.
+//!
+//! Each release wakes **one** waiter of this client per channel (`Notify::notify_one`): the
+//! lock can only go to one of them, so waking all would send N scripts for one winner. The
+//! woken waiter either obtains the lock, and its own release later wakes the next one, or
+//! finds it taken by another client and waits again; the others keep their polling fallback.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt as _;
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// How long the task waits before reconnecting after the connection failed.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
+
+/// The release events of one client (shared by its clones).
+#[derive(Clone)]
+pub(crate) struct Events {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: redis::Client,
+    channels: Arc<Mutex<Channels>>,
+    commands: mpsc::UnboundedSender<Command>,
+    /// The task's end of `commands`, until the task is started by the first waiter.
+    pending: Mutex<Option<mpsc::UnboundedReceiver<Command>>>,
+}
+
+/// Channels somebody waits on: how many waiters, and how to wake one.
+type Channels = HashMap<String, Channel>;
+
+struct Channel {
+    waiters: usize,
+    notify: Arc<Notify>,
+}
+
+enum Command {
+    /// Subscribe, and say whether the server confirmed.
+    Subscribe(String, oneshot::Sender<bool>),
+    /// Unsubscribe, unless a waiter came back meanwhile.
+    Unsubscribe(String),
+}
+
+impl Events {
+    /// Release events over pub/sub connections opened from `client`. Nothing is sent until
+    /// the first waiter subscribes.
+    pub(crate) fn new(client: redis::Client) -> Self {
+        let (commands, pending) = mpsc::unbounded_channel();
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                channels: Arc::default(),
+                commands,
+                pending: Mutex::new(Some(pending)),
+            }),
+        }
+    }
+
+    /// Registers interest in `channel` and, for its first waiter, subscribes to it. Returns
+    /// once the server confirmed the subscription, or failed to (then the waiter only polls
+    /// until the subscriber reconnects).
+    pub(crate) async fn subscribe(&self, channel: &str) -> Subscription {
+        self.start();
+        let (notify, first) = {
+            let mut channels = lock(&self.inner.channels);
+            let entry = channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| Channel {
+                    waiters: 0,
+                    notify: Arc::new(Notify::new()),
+                });
+            entry.waiters += 1;
+            (entry.notify.clone(), entry.waiters == 1)
+        };
+        let subscription = Subscription {
+            events: self.clone(),
+            channel: channel.to_owned(),
+            notify,
+        };
+        if first {
+            let (confirmed, confirmation) = oneshot::channel();
+            let command = Command::Subscribe(channel.to_owned(), confirmed);
+            if self.inner.commands.send(command).is_ok() {
+                let _ = confirmation.await;
+            }
+        }
+        subscription
+    }
+
+    /// How many channels have waiters now (for tests of memory use).
+    pub(crate) fn channels(&self) -> usize {
+        lock(&self.inner.channels).len()
+    }
+
+    /// Starts the subscriber task on first use.
+    fn start(&self) {
+        let Some(commands) = lock(&self.inner.pending).take() else {
+            return;
+        };
+        let (client, channels) = (self.inner.client.clone(), self.inner.channels.clone());
+        tokio::spawn(subscriber(client, channels, commands));
+    }
+}
+
+/// A waiter's interest in one release channel; unsubscribes when the last one is dropped.
+pub(crate) struct Subscription {
+    events: Events,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+impl Subscription {
+    /// Completes when a release was announced on this channel (one waiter per announcement).
+    pub(crate) async fn released(&self) {
+        self.notify.notified().await;
+    }
+
+    /// The channel this subscription listens on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut channels = lock(&self.events.inner.channels);
+        let Some(entry) = channels.get_mut(&self.channel) else {
+            return;
+        };
+        entry.waiters -= 1;
+        if entry.waiters == 0 {
+            channels.remove(&self.channel);
+            let command = Command::Unsubscribe(self.channel.clone());
+            let _ = self.events.inner.commands.send(command);
+        }
+    }
+}
+
+/// The subscriber task: owns the pub/sub connection, runs commands in order, dispatches
+/// messages, and reconnects. Ends when the client and all its clones are gone.
+async fn subscriber(
+    client: redis::Client,
+    channels: Arc<Mutex<Channels>>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(connection) => {
+                if serve(connection, &channels, &mut commands).await.is_break() {
+                    return;
+                }
+                tracing::warn!("release-event connection lost; waiters poll until it is back");
+            }
+            Err(err) => tracing::warn!(%err, "release-event connection failed; retrying"),
+        }
+        if refuse_until(RECONNECT_PAUSE, &mut commands)
+            .await
+            .is_break()
+        {
+            return;
+        }
+    }
+}
+
+/// Serves one connection until it fails (`Continue`) or the client is gone (`Break`).
+async fn serve(
+    connection: redis::aio::PubSub,
+    channels: &Mutex<Channels>,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> std::ops::ControlFlow<()> {
+    use std::ops::ControlFlow::{Break, Continue};
+
+    let (mut sink, mut stream) = connection.split();
+    // Subscriptions from before a reconnect.
+    let wanted: Vec<String> = lock(channels).keys().cloned().collect();
+    if !wanted.is_empty() && sink.subscribe(&wanted).await.is_err() {
+        return Continue(());
+    }
+    loop {
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => return Break(()),
+                Some(Command::Subscribe(channel, confirmed)) => {
+                    let done = sink.subscribe(&channel).await.is_ok();
+                    let _ = confirmed.send(done);
+                    if !done {
+                        return Continue(());
+                    }
+                }
+                Some(Command::Unsubscribe(channel)) => {
+                    let wanted_again = lock(channels).contains_key(&channel);
+                    if !wanted_again && sink.unsubscribe(&channel).await.is_err() {
+                        return Continue(());
+                    }
+                }
+            },
+            message = stream.next() => match message {
+                None => return Continue(()),
+                Some(message) => {
+                    if let Some(entry) = lock(channels).get(message.get_channel_name()) {
+                        entry.notify.notify_one();
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// While disconnected: answer subscriptions with "not confirmed" for `pause`.
+async fn refuse_until(
+    pause: Duration,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> std::ops::ControlFlow<()> {
+    let until = tokio::time::Instant::now() + pause;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep_until(until) => return std::ops::ControlFlow::Continue(()),
+            command = commands.recv() => match command {
+                None => return std::ops::ControlFlow::Break(()),
+                Some(Command::Subscribe(_, confirmed)) => {
+                    let _ = confirmed.send(false);
+                }
+                Some(Command::Unsubscribe(_)) => {}
+            },
+        }
+    }
+}
+
+/// Locks a mutex; a panic elsewhere while holding it leaves the map consistent enough.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,81 @@
+//! Names derived from a lock key that stay in the key's Redis Cluster hash slot: the fencing
+//! counter and the release channel. Redis hashes only a key's hash tag when it has one (the
+//! text between the first `{` and the next `}`, when not empty), so a derived name either
+//! keeps the key's tag or makes the whole key its tag.
+
+/// Redis Cluster's hash tag of `key`, when it has one.
+pub(crate) fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let rest = &key[open + 1..];
+    let close = rest.find('}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// `key` with `suffix` appended, or `{key}` with `suffix`, whichever hashes like `key`;
+/// `None` when neither does (an untagged key containing `}`).
+fn same_slot_with_suffix(key: &str, suffix: &str) -> Option<String> {
+    if hash_tag(key).is_some() {
+        Some(format!("{key}{suffix}"))
+    } else if key.contains('}') {
+        None
+    } else {
+        Some(format!("{{{key}}}{suffix}"))
+    }
+}
+
+/// The fencing counter key derived from a lock's first key: it hashes to the same Redis
+/// Cluster slot as `key`.
+///
+/// - A key with a hash tag keeps it: `{user42}:cart` → `{user42}:cart:fence`.
+/// - A key without one becomes the tag: `orders` → `{orders}:fence`.
+/// - A key without a hash tag that contains `}` cannot be wrapped that way: `None`; pass a
+///   counter key with [`Options::fencing_key`](crate::Options::fencing_key) instead.
+///
+/// ```
+/// use lockset::fencing_key_for;
+/// assert_eq!(fencing_key_for("{user42}:cart").as_deref(), Some("{user42}:cart:fence"));
+/// assert_eq!(fencing_key_for("orders").as_deref(), Some("{orders}:fence"));
+/// assert_eq!(fencing_key_for("odd}key"), None);
+/// ```
+pub fn fencing_key_for(key: &str) -> Option<String> {
+    same_slot_with_suffix(key, ":fence")
+}
+
+/// The pub/sub channel on which releases of `key` are announced (same slot as `key`, for
+/// sharded pub/sub): `{key}:released`, or `key` + `:released` for a key with a hash tag, or
+/// the key itself when neither keeps the slot. `release.lua` computes the same names.
+///
+/// ```
+/// use lockset::release_channel;
+/// assert_eq!(release_channel("orders"), "{orders}:released");
+/// assert_eq!(release_channel("{u1}:cart"), "{u1}:cart:released");
+/// assert_eq!(release_channel("odd}key"), "odd}key");
+/// ```
+pub fn release_channel(key: &str) -> String {
+    same_slot_with_suffix(key, ":released").unwrap_or_else(|| key.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_tags_follow_the_cluster_rule() {
+        assert_eq!(hash_tag("{user42}:cart"), Some("user42"));
+        assert_eq!(hash_tag("a{b}c{d}"), Some("b"));
+        assert_eq!(hash_tag("{}x"), None);
+        assert_eq!(hash_tag("{{a}}"), Some("{a"));
+        assert_eq!(hash_tag("plain"), None);
+        assert_eq!(hash_tag("x{open"), None);
+    }
+
+    #[test]
+    fn derived_names_keep_the_slot() {
+        assert_eq!(fencing_key_for("a{b}c").as_deref(), Some("a{b}c:fence"));
+        assert_eq!(fencing_key_for("x{open").as_deref(), Some("{x{open}:fence"));
+        assert_eq!(hash_tag("{x{open}:fence"), Some("x{open"));
+        assert_eq!(fencing_key_for("{}x"), None);
+        assert_eq!(release_channel("{}x"), "{}x");
+        assert_eq!(release_channel("x{open"), "{x{open}:released");
+    }
+}
