@@ -1,0 +1,256 @@
+//! Waiting well: waiters wake when the lock is released instead of polling.
+
+mod support;
+
+use std::time::Duration;
+
+use lockset::{Options, Retry, release_channel};
+use support::{Env, ms};
+use tokio::time::{Instant, timeout};
+
+/// Waits (bounded) until `condition` holds.
+async fn eventually(mut condition: impl AsyncFnMut() -> bool) {
+    let start = Instant::now();
+    while !condition().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "condition never held"
+        );
+        tokio::time::sleep(ms(2)).await;
+    }
+}
+
+/// Options whose polling alone would wait a minute between attempts.
+fn slow_polling() -> Options {
+    Options::default()
+        .retry(Retry::linear(Duration::from_secs(60)))
+        .timeout(Duration::from_secs(600))
+}
+
+#[tokio::test]
+async fn a_release_wakes_the_waiter_long_before_its_next_poll() {
+    let env = Env::start().await;
+    let holder = env.other_client().await;
+    let held = holder
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let client = env.client.clone();
+        async move { client.obtain("job", ms(60_000), &slow_polling()).await }
+    });
+    eventually(async || env.client.release_channels_watched() == 1).await;
+    held.release().await.unwrap();
+    let lock = timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("woken by the release");
+    lock.unwrap().unwrap().release().await.unwrap();
+    // Nobody waits any more: the channel is unsubscribed, here and on the server.
+    assert_eq!(env.client.release_channels_watched(), 0);
+    let channel = release_channel("job");
+    eventually(async || {
+        let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", &channel]).await;
+        subscribers.1 == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_release_of_one_key_of_a_set_wakes_the_set_waiter() {
+    let env = Env::start().await;
+    let holder = env.other_client().await;
+    let held = holder
+        .obtain("{s}:b", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let client = env.client.clone();
+        async move {
+            client
+                .obtain_multi(["{s}:a", "{s}:b", "{s}:c"], ms(60_000), &slow_polling())
+                .await
+        }
+    });
+    eventually(async || env.client.release_channels_watched() == 1).await;
+    held.release().await.unwrap();
+    let lock = timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("woken");
+    assert_eq!(lock.unwrap().unwrap().keys().len(), 3);
+}
+
+#[tokio::test]
+async fn the_holders_expiry_wakes_the_waiter_without_an_event() {
+    let env = Env::start().await;
+    let holder = env.other_client().await;
+    // A multi-key obtain learns the holder's TTL from the script.
+    let _held = holder
+        .obtain_multi(["{e}:a", "{e}:b"], ms(300), &Options::default())
+        .await
+        .unwrap();
+    let lock = timeout(
+        Duration::from_secs(30),
+        env.client
+            .obtain_multi(["{e}:a", "{e}:b"], ms(60_000), &slow_polling()),
+    )
+    .await
+    .expect("woken at the holder's expiry");
+    lock.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_one_waiter_of_a_client_not_all() {
+    const WAITERS: u64 = 10;
+    let env = Env::start().await;
+    let holder = env.other_client().await;
+    let held = holder
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let before = env.calls("set").await;
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let client = env.client.clone();
+            tokio::spawn(async move {
+                let lock = client
+                    .obtain("job", ms(60_000), &slow_polling())
+                    .await
+                    .unwrap();
+                lock.release().await.unwrap();
+            })
+        })
+        .collect();
+    // Each waiter tried, subscribed, and tried again: two attempts each.
+    eventually(async || env.calls("set").await - before == 2 * WAITERS).await;
+    held.release().await.unwrap();
+    for waiter in waiters {
+        timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("handed over")
+            .unwrap();
+    }
+    // Each release woke one waiter: about one more attempt per waiter. Waking all of them
+    // each time would have cost 10 + 9 + ... + 1 = 55.
+    let after_release = env.calls("set").await - before - 2 * WAITERS;
+    eprintln!("{after_release} attempts for {WAITERS} hand-overs");
+    assert!(
+        after_release < 2 * WAITERS,
+        "{after_release} attempts for {WAITERS} hand-overs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_subscriber_connection_loses_no_waiter_and_no_deadline() {
+    let env = Env::start().await;
+    let holder = env.other_client().await;
+    let held = holder
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let polling = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(Duration::from_secs(60));
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, options) = (env.client.clone(), polling.clone());
+            tokio::spawn(async move {
+                let lock = client.obtain("job", ms(60_000), &options).await.unwrap();
+                lock.release().await.unwrap();
+            })
+        })
+        .collect();
+    let impatient = tokio::spawn({
+        let client = env.client.clone();
+        let options = Options::default()
+            .retry(Retry::linear(ms(50)))
+            .timeout(ms(500));
+        async move {
+            let start = Instant::now();
+            let err = client
+                .obtain("job", ms(60_000), &options)
+                .await
+                .unwrap_err();
+            (err, start.elapsed())
+        }
+    });
+    eventually(async || env.client.release_channels_watched() == 1).await;
+    let killed: i64 = env.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).await;
+    assert_eq!(killed, 1);
+    // The subscriber reconnects and listens again for the waiters still waiting.
+    let channel = release_channel("job");
+    eventually(async || {
+        let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", &channel]).await;
+        subscribers.1 == 1
+    })
+    .await;
+
+    let (err, waited) = impatient.await.unwrap();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+
+    held.release().await.unwrap();
+    for waiter in waiters {
+        timeout(Duration::from_secs(60), waiter)
+            .await
+            .expect("handed over")
+            .unwrap();
+    }
+}
+
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_stays_flat_over_100k_waits_on_distinct_keys() {
+    const WAITS: usize = 100_000;
+    const TASKS: usize = 50;
+    let env = Env::start().await;
+    // Every key is held (by a plain value): each obtain waits, listens, and gives up.
+    for chunk in (0..WAITS).collect::<Vec<_>>().chunks(10_000) {
+        let mut mset = lockset::redis::cmd("MSET");
+        for i in chunk {
+            mset.arg(format!("k{i}")).arg("held");
+        }
+        let () = mset.query_async(&mut env.raw.clone()).await.unwrap();
+    }
+    let options = Options::default()
+        .retry(Retry::linear(ms(1)).limit(1))
+        .timeout(Duration::from_secs(60));
+    let run = async |range: std::ops::Range<usize>| {
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let (client, options, range) = (env.client.clone(), options.clone(), range.clone());
+                tokio::spawn(async move {
+                    for i in range.skip(t).step_by(TASKS) {
+                        let err = client
+                            .obtain(format!("k{i}"), ms(60_000), &options)
+                            .await
+                            .unwrap_err();
+                        assert!(err.is_not_obtained());
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    };
+    // Warm up allocators and connections, then measure the rest.
+    run(0..WAITS / 10).await;
+    let before = resident_kib();
+    run(WAITS / 10..WAITS).await;
+    let after = resident_kib();
+    assert_eq!(env.client.release_channels_watched(), 0);
+    assert!(
+        after < before + 20 * 1024,
+        "resident memory grew from {before} KiB to {after} KiB"
+    );
+    eventually(async || {
+        let channels: Vec<String> = env.cmd(&["PUBSUB", "CHANNELS"]).await;
+        channels.is_empty()
+    })
+    .await;
+}
