@@ -30,8 +30,8 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
-const ROUNDS: usize = 3;
-const ROUND: Duration = Duration::from_millis(1_000);
+const ROUNDS: usize = 7;
+const ROUND: Duration = Duration::from_millis(600);
 
 const RAW_RELEASE: &str = r"
 for i = 1, #KEYS do
@@ -127,13 +127,20 @@ impl Bench {
     }
 
     /// W1 and W3: `tasks` tasks, each locking its own `keys_per_lock` keys in a loop.
-    async fn uncontended(self: &Arc<Self>, which: Impl, tasks: usize, keys_per_lock: usize) -> Sample {
+    async fn uncontended(
+        self: &Arc<Self>,
+        which: Impl,
+        tasks: usize,
+        keys_per_lock: usize,
+    ) -> Sample {
         let stop = Arc::new(AtomicBool::new(false));
         let handles: Vec<_> = (0..tasks)
             .map(|t| {
                 let (bench, stop) = (self.clone(), stop.clone());
                 tokio::spawn(async move {
-                    let keys: Vec<String> = (0..keys_per_lock).map(|k| format!("{{w{t}}}:{k}")).collect();
+                    let keys: Vec<String> = (0..keys_per_lock)
+                        .map(|k| format!("{{w{t}}}:{k}"))
+                        .collect();
                     let mut latencies = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
                         let start = Instant::now();
@@ -183,7 +190,8 @@ impl Bench {
         let handles: Vec<_> = (0..tasks)
             .map(|_| {
                 let (bench, stop, options) = (self.clone(), stop.clone(), options.clone());
-                let (inside, violations, released) = (inside.clone(), violations.clone(), released.clone());
+                let (inside, violations, released) =
+                    (inside.clone(), violations.clone(), released.clone());
                 tokio::spawn(async move {
                     let keys = vec!["w2".to_string()];
                     let (mut latencies, mut handoffs) = (Vec::new(), Vec::new());
@@ -198,7 +206,11 @@ impl Bench {
                                 None
                             }
                             Impl::Lockset => Some(
-                                bench.lockset.obtain("w2", TTL, &options).await.expect("obtain"),
+                                bench
+                                    .lockset
+                                    .obtain("w2", TTL, &options)
+                                    .await
+                                    .expect("obtain"),
                             ),
                         };
                         let acquired = Instant::now();
@@ -240,6 +252,11 @@ fn micros(d: Duration) -> u32 {
     u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
 }
 
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
 fn percentile(values: &mut [u32], p: f64) -> u32 {
     if values.is_empty() {
         return 0;
@@ -261,7 +278,10 @@ struct Workload {
 async fn main() {
     let (url, _server) = server::url_or_start();
     let client = redis::Client::open(url.as_str()).expect("url");
-    let conn = client.get_multiplexed_async_connection().await.expect("connect");
+    let conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
     let bench = Arc::new(Bench {
         raw: conn.clone(),
         lockset: Client::new(conn).with_release_events(client),
@@ -270,25 +290,62 @@ async fn main() {
 
     let mut workloads = Vec::new();
     for concurrency in [1, 16, 64] {
-        workloads.push(Workload { name: "w1", concurrency, keys: 1 });
+        workloads.push(Workload {
+            name: "w1",
+            concurrency,
+            keys: 1,
+        });
     }
-    workloads.push(Workload { name: "w2", concurrency: 8, keys: 1 });
+    workloads.push(Workload {
+        name: "w2",
+        concurrency: 8,
+        keys: 1,
+    });
     for keys in [1, 10, 100, 1_000] {
-        workloads.push(Workload { name: "w3", concurrency: 1, keys });
+        workloads.push(Workload {
+            name: "w3",
+            concurrency: 1,
+            keys,
+        });
     }
 
+    // BENCH_ONLY=w1:64 runs just that workload and concurrency (for profiling).
+    if let Ok(only) = std::env::var("BENCH_ONLY") {
+        workloads.retain(|w| format!("{}:{}", w.name, w.concurrency) == only);
+    }
     let mut results: BTreeMap<(Workload, Impl), Sample> = BTreeMap::new();
+    // Per workload, the lockset/raw throughput ratio of each pair of back-to-back rounds.
+    let mut round_ratios: BTreeMap<Workload, Vec<f64>> = BTreeMap::new();
     for workload in &workloads {
         for round in 0..ROUNDS {
+            let mut rates = [0.0; 2];
             // Alternate which goes first, so neither always runs on a warmer machine.
-            let order = if round % 2 == 0 { [Impl::Raw, Impl::Lockset] } else { [Impl::Lockset, Impl::Raw] };
+            let order = if round % 2 == 0 {
+                [Impl::Raw, Impl::Lockset]
+            } else {
+                [Impl::Lockset, Impl::Raw]
+            };
             for which in order {
+                // BENCH_IMPL=raw or lockset measures just one (for profiling).
+                if std::env::var("BENCH_IMPL").is_ok_and(|only| only != which.name()) {
+                    rates[which as usize] = 1.0;
+                    continue;
+                }
                 let sample = match workload.name {
                     "w2" => bench.contended(which, workload.concurrency).await,
-                    _ => bench.uncontended(which, workload.concurrency, workload.keys).await,
+                    _ => {
+                        bench
+                            .uncontended(which, workload.concurrency, workload.keys)
+                            .await
+                    }
                 };
+                rates[which as usize] = sample.ops as f64 / sample.seconds;
                 results.entry((*workload, which)).or_default().merge(sample);
             }
+            round_ratios
+                .entry(*workload)
+                .or_default()
+                .push(rates[1] / rates[0]);
         }
     }
 
@@ -326,7 +383,9 @@ async fn main() {
     }
 
     println!();
-    println!("| workload | C | K | raw ops/s | lockset ops/s | lockset/raw | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs (raw → lockset) |");
+    println!(
+        "| workload | C | K | raw ops/s | lockset ops/s | lockset/raw (median of paired rounds) | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs (raw → lockset) |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|");
     for pair in summary.chunks(2) {
         let [raw, lockset] = pair else { continue };
@@ -335,6 +394,10 @@ async fn main() {
         } else {
             "-".to_string()
         };
+        let ratios = round_ratios
+            .get_mut(&raw.0)
+            .map(std::mem::take)
+            .unwrap_or_default();
         println!(
             "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} |",
             raw.0.name,
@@ -342,7 +405,7 @@ async fn main() {
             raw.0.keys,
             raw.2,
             lockset.2,
-            lockset.2 / raw.2,
+            median(ratios),
             raw.3,
             raw.4,
             lockset.3,

@@ -28,7 +28,7 @@ for i = 1, count do
   if type(current) == 'table' then
     return {2, KEYS[i]}
   end
-  if current and string.sub(current, 1, n) ~= owner then
+  if current and current ~= owner and string.sub(current, 1, n) ~= owner then
     return {0, redis.call('PTTL', KEYS[i]), i}
   end
 end

@@ -11,7 +11,8 @@ local least = -1
 
 for i = 1, #KEYS do
   local current = redis.pcall('GET', KEYS[i])
-  if type(current) ~= 'string' or string.sub(current, 1, n) ~= owner then
+  -- Most values are the bare tag (no metadata): compare whole strings before slicing.
+  if current ~= owner and (type(current) ~= 'string' or string.sub(current, 1, n) ~= owner) then
     return -2
   end
   local left = redis.call('PTTL', KEYS[i])

@@ -10,32 +10,18 @@ local n = #owner
 
 for i = 1, #KEYS do
   local current = redis.pcall('GET', KEYS[i])
-  if type(current) ~= 'string' or string.sub(current, 1, n) ~= owner then
+  -- Most values are the bare tag (no metadata): compare whole strings before slicing.
+  if current ~= owner and (type(current) ~= 'string' or string.sub(current, 1, n) ~= owner) then
     return 0
   end
-end
-
--- The release channel of a key stays in its cluster slot (see release_channel in Rust):
--- "<key>:released" for a key with a hash tag, "{<key>}:released" for one without, and the
--- key itself when neither keeps the slot.
-local function channel(key)
-  local open = string.find(key, '{', 1, true)
-  if open then
-    local close = string.find(key, '}', open + 1, true)
-    if close and close > open + 1 then
-      return key .. ':released'
-    end
-  end
-  if string.find(key, '}', 1, true) then
-    return key
-  end
-  return '{' .. key .. '}:released'
 end
 
 for i = 1, #KEYS do
   redis.call('DEL', KEYS[i])
   if publish then
-    redis.call(publish, channel(KEYS[i]), '')
+    -- A key's release channel is named like the key (a separate namespace), which keeps
+    -- it in the key's cluster slot for sharded pub/sub at no cost.
+    redis.call(publish, KEYS[i], '')
   end
 end
 return 1

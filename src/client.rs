@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -38,11 +39,24 @@ use crate::value::Owner;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
 pub struct Client<C> {
+    // One allocation shared by every clone and every lock: cloning a client (each lock
+    // holds one) costs a single reference-count increment.
+    inner: Arc<Inner<C>>,
+}
+
+struct Inner<C> {
     store: Store<C>,
     tasks: Tasks,
-    events: Option<Events>,
+    events: OnceLock<Events>,
+}
+
+impl<C> Clone for Client<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
 }
 
 impl Client<ConnectionManager> {
@@ -63,9 +77,11 @@ where
     /// Wraps a redis-rs async connection. Sends nothing; never fails.
     pub fn new(conn: C) -> Self {
         Self {
-            store: Store::new(conn),
-            tasks: Tasks::default(),
-            events: None,
+            inner: Arc::new(Inner {
+                store: Store::new(conn),
+                tasks: Tasks::default(),
+                events: OnceLock::new(),
+            }),
         }
     }
 
@@ -83,24 +99,25 @@ where
     /// nobody waits.
     ///
     /// [`Client::connect`] turns this on; with [`Client::new`] it is off (a generic
-    /// connection cannot open a second one).
+    /// connection cannot open a second one). It applies to this client and all its clones;
+    /// once on, later calls change nothing.
     #[must_use]
-    pub fn with_release_events(mut self, client: redis::Client) -> Self {
-        self.events = Some(Events::new(client));
+    pub fn with_release_events(self, client: redis::Client) -> Self {
+        let _ = self.inner.events.set(Events::new(client));
         self
     }
 
     /// How many release channels this client's waiters listen on right now (zero when
     /// nobody waits).
     pub fn release_channels_watched(&self) -> usize {
-        self.events.as_ref().map_or(0, Events::channels)
+        self.inner.events.get().map_or(0, Events::channels)
     }
 
     /// How many background tasks this client and its clones are running now: watchdogs,
     /// releases of dropped [`Guard`](crate::Guard)s, clean-ups after cancelled obtains.
     /// Zero once every lock is released and every clean-up is done.
     pub fn background_tasks(&self) -> usize {
-        self.tasks.count()
+        self.inner.tasks.count()
     }
 
     /// Locks one key for `ttl`.
@@ -232,7 +249,7 @@ where
             random_token: options.token.is_none(),
         };
         let deadline = options.deadline_from(start, ttl);
-        let mut waiter = Waiter::for_keys(self.events.as_ref(), &keys);
+        let mut waiter = Waiter::for_keys(self.inner.events.get(), &keys);
         let (fence, sent) =
             policy::run(&options.retry, deadline, &mut waiter, || attempt.run()).await?;
         let obtained = Obtained {
@@ -248,11 +265,15 @@ where
     }
 
     pub(crate) fn store(&self) -> &Store<C> {
-        &self.store
+        &self.inner.store
     }
 
     pub(crate) fn tasks(&self) -> &Tasks {
-        &self.tasks
+        &self.inner.tasks
+    }
+
+    pub(crate) fn events(&self) -> Option<&Events> {
+        self.inner.events.get()
     }
 }
 
@@ -286,7 +307,7 @@ where
         };
         let outcome = self
             .client
-            .store
+            .store()
             .obtain(self.keys, self.owner, self.value, self.ttl_ms, self.counter)
             .await;
         cleanup.attempt = None;
@@ -305,7 +326,7 @@ where
 
     /// Best-effort release after an obtain whose outcome is unknown.
     async fn release_unknown(&self) {
-        let store = &self.client.store;
+        let store = self.client.store();
         match store.release_by_eval(self.keys, self.owner).await {
             Ok(released) => tracing::debug!(released, "cleaned up after an obtain timed out"),
             Err(err) => tracing::warn!(
@@ -332,14 +353,14 @@ where
         let Some(attempt) = self.attempt else {
             return;
         };
-        let (store, keys, owner) = (
-            attempt.client.store.clone(),
+        let (client, keys, owner) = (
+            attempt.client.clone(),
             attempt.keys.to_vec(),
             attempt.owner.clone(),
         );
         // Sent on the same connection after the obtain, so it runs after it.
-        let spawned = attempt.client.tasks.spawn(async move {
-            if let Err(err) = store.release_by_eval(&keys, &owner).await {
+        let spawned = attempt.client.tasks().spawn(async move {
+            if let Err(err) = client.store().release_by_eval(&keys, &owner).await {
                 tracing::warn!(%err, "clean-up after a cancelled obtain failed; the keys expire with their TTL");
             }
         });

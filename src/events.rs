@@ -11,8 +11,15 @@
 //! lock can only go to one of them, so waking all would send N scripts for one winner. The
 //! woken waiter either obtains the lock, and its own release later wakes the next one, or
 //! finds it taken by another client and waits again; the others keep their polling fallback.
+//!
+//! A release by this very client hands over without the pub/sub round trip: as soon as the
+//! release script is queued on the connection, one local waiter is woken, and its obtain is
+//! queued behind the release on the same connection, so Redis runs it right after the keys
+//! are deleted. The announcement that then arrives for that release is not passed on, so
+//! the hand-over wakes one waiter, not two.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -31,6 +38,8 @@ pub(crate) struct Events {
 struct Inner {
     client: redis::Client,
     channels: Arc<Mutex<Channels>>,
+    /// `channels.len()`, readable without the lock on every release.
+    watched: Arc<AtomicUsize>,
     commands: mpsc::UnboundedSender<Command>,
     /// The task's end of `commands`, until the task is started by the first waiter.
     pending: Mutex<Option<mpsc::UnboundedReceiver<Command>>>,
@@ -42,6 +51,8 @@ type Channels = HashMap<String, Channel>;
 struct Channel {
     waiters: usize,
     notify: Arc<Notify>,
+    /// Announcements still to come for releases already handed over locally.
+    handed_over: usize,
 }
 
 enum Command {
@@ -60,6 +71,7 @@ impl Events {
             inner: Arc::new(Inner {
                 client,
                 channels: Arc::default(),
+                watched: Arc::default(),
                 commands,
                 pending: Mutex::new(Some(pending)),
             }),
@@ -78,9 +90,12 @@ impl Events {
                 .or_insert_with(|| Channel {
                     waiters: 0,
                     notify: Arc::new(Notify::new()),
+                    handed_over: 0,
                 });
             entry.waiters += 1;
-            (entry.notify.clone(), entry.waiters == 1)
+            let joined = (entry.notify.clone(), entry.waiters == 1);
+            self.inner.watched.store(channels.len(), Ordering::Relaxed);
+            joined
         };
         let subscription = Subscription {
             events: self.clone(),
@@ -97,9 +112,21 @@ impl Events {
         subscription
     }
 
-    /// How many channels have waiters now (for tests of memory use).
+    /// Wakes one local waiter of `channel` for a release this client is sending; true when
+    /// somebody was waiting.
+    pub(crate) fn hand_over(&self, channel: &str) -> bool {
+        let mut channels = lock(&self.inner.channels);
+        let Some(entry) = channels.get_mut(channel) else {
+            return false;
+        };
+        entry.handed_over += 1;
+        entry.notify.notify_one();
+        true
+    }
+
+    /// How many channels have waiters now.
     pub(crate) fn channels(&self) -> usize {
-        lock(&self.inner.channels).len()
+        self.inner.watched.load(Ordering::Relaxed)
     }
 
     /// Starts the subscriber task on first use.
@@ -140,6 +167,10 @@ impl Drop for Subscription {
         entry.waiters -= 1;
         if entry.waiters == 0 {
             channels.remove(&self.channel);
+            self.events
+                .inner
+                .watched
+                .store(channels.len(), Ordering::Relaxed);
             let command = Command::Unsubscribe(self.channel.clone());
             let _ = self.events.inner.commands.send(command);
         }
@@ -207,8 +238,12 @@ async fn serve(
             message = stream.next() => match message {
                 None => return Continue(()),
                 Some(message) => {
-                    if let Some(entry) = lock(channels).get(message.get_channel_name()) {
-                        entry.notify.notify_one();
+                    if let Some(entry) = lock(channels).get_mut(message.get_channel_name()) {
+                        if entry.handed_over > 0 {
+                            entry.handed_over -= 1;
+                        } else {
+                            entry.notify.notify_one();
+                        }
                     }
                 }
             },
@@ -239,4 +274,19 @@ async fn refuse_until(
 /// Locks a mutex; a panic elsewhere while holding it leaves the map consistent enough.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs `future` up to its first pending point (for a Redis command: queued on the
+/// connection), then `then`, then the rest of `future`.
+pub(crate) async fn after_queueing<F: std::future::Future>(
+    future: F,
+    then: impl FnOnce(),
+) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await;
+    then();
+    match first {
+        std::task::Poll::Ready(output) => output,
+        std::task::Poll::Pending => future.await,
+    }
 }

@@ -1,6 +1,7 @@
 //! A held lock: its keys and token, and the operations only its owner may perform.
 
 use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -9,10 +10,12 @@ use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
+use crate::events::after_queueing;
 use crate::guard::Guard;
 use crate::options::Options;
 use crate::policy::{self, Step, Waiter};
 use crate::signal::LostSignal;
+use crate::slots::release_channel;
 use crate::validate;
 use crate::value::Owner;
 
@@ -31,9 +34,28 @@ pub struct Lock<C> {
     ttl: Duration,
     ttl_ms: u64,
     fence: Option<u64>,
-    /// Until when the lock is known to be valid: when the last successful obtain or refresh
-    /// was sent, plus its TTL. Set to "now" once the lock is known lost or released.
-    validity: watch::Sender<Instant>,
+    validity: Mutex<Validity>,
+}
+
+/// Until when the lock is known to be valid: when the last successful obtain or refresh was
+/// sent, plus its TTL; "now" once the lock is known lost or released. The channel behind
+/// [`LostSignal`]s is only made when the first signal is asked for: most locks never need
+/// one, and it costs an allocation and wake-ups on every release.
+struct Validity {
+    until: Instant,
+    signal: Option<watch::Sender<Instant>>,
+}
+
+impl Validity {
+    /// Sets `until` when `update` says so, and tells any signal.
+    fn update(&mut self, update: impl FnOnce(Instant) -> Option<Instant>) {
+        if let Some(until) = update(self.until) {
+            self.until = until;
+            if let Some(signal) = &self.signal {
+                signal.send_replace(until);
+            }
+        }
+    }
 }
 
 /// What a successful obtain hands to [`Lock::new`].
@@ -65,7 +87,10 @@ where
             ttl: obtained.ttl,
             ttl_ms: obtained.ttl_ms,
             fence: obtained.fence,
-            validity: watch::Sender::new(valid_until),
+            validity: Mutex::new(Validity {
+                until: valid_until,
+                signal: None,
+            }),
         }
     }
 
@@ -108,14 +133,24 @@ where
     /// earlier on the server). Once the lock is known to be lost, or released, this is in
     /// the past.
     pub fn valid_until(&self) -> Instant {
-        *self.validity.borrow()
+        self.validity().until
     }
 
     /// A cheap, cloneable signal that fires when the lock is known lost: its validity ran
     /// out without a successful refresh, a refresh or TTL query found it gone, or it was
     /// released. See [`LostSignal`].
     pub fn lost_signal(&self) -> LostSignal {
-        LostSignal::new(self.validity.subscribe())
+        let mut validity = self.validity();
+        let until = validity.until;
+        let signal = validity
+            .signal
+            .get_or_insert_with(|| watch::Sender::new(until));
+        LostSignal::new(signal.subscribe())
+    }
+
+    fn validity(&self) -> MutexGuard<'_, Validity> {
+        // Validity is a plain value: a panic while holding the lock cannot corrupt it.
+        self.validity.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The remaining time of the lock: the smallest remaining TTL across its keys.
@@ -167,13 +202,8 @@ where
         if refreshed {
             let valid_until = sent.checked_add(ttl).unwrap_or(sent);
             // Never move validity backwards (an older refresh finishing late).
-            self.validity.send_if_modified(|current| {
-                let later = valid_until > *current;
-                if later {
-                    *current = valid_until;
-                }
-                later
-            });
+            self.validity()
+                .update(|current| (valid_until > current).then_some(valid_until));
         } else {
             self.mark_lost();
         }
@@ -192,7 +222,20 @@ where
 
     pub(crate) async fn release_keys(&self) -> Result<()> {
         self.mark_lost();
-        match self.client.store().release(&self.keys, &self.owner).await? {
+        let release = self.client.store().release(&self.keys, &self.owner);
+        let released = match self.client.events() {
+            // Waiters of this client: hand over as soon as the release is on its way.
+            Some(events) if events.channels() > 0 => {
+                let hand_over = || {
+                    for key in &self.keys {
+                        events.hand_over(release_channel(key));
+                    }
+                };
+                after_queueing(release, hand_over).await?
+            }
+            _ => release.await?,
+        };
+        match released {
             true => Ok(()),
             false => Err(Error::NotHeld),
         }
@@ -233,13 +276,8 @@ where
 
     fn mark_lost(&self) {
         let now = Instant::now();
-        self.validity.send_if_modified(|current| {
-            let earlier = now < *current;
-            if earlier {
-                *current = now;
-            }
-            earlier
-        });
+        self.validity()
+            .update(|current| (now < current).then_some(now));
     }
 }
 

@@ -91,7 +91,7 @@ impl<'a> Waiter<'a> {
         }
         // Replace any subscription to another key first, so it never lingers.
         self.subscription = None;
-        self.subscription = Some(events.subscribe(&channel).await);
+        self.subscription = Some(events.subscribe(channel).await);
         true
     }
 

@@ -11,18 +11,6 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
     (close > 0).then(|| &rest[..close])
 }
 
-/// `key` with `suffix` appended, or `{key}` with `suffix`, whichever hashes like `key`;
-/// `None` when neither does (an untagged key containing `}`).
-fn same_slot_with_suffix(key: &str, suffix: &str) -> Option<String> {
-    if hash_tag(key).is_some() {
-        Some(format!("{key}{suffix}"))
-    } else if key.contains('}') {
-        None
-    } else {
-        Some(format!("{{{key}}}{suffix}"))
-    }
-}
-
 /// The fencing counter key derived from a lock's first key: it hashes to the same Redis
 /// Cluster slot as `key`.
 ///
@@ -38,21 +26,24 @@ fn same_slot_with_suffix(key: &str, suffix: &str) -> Option<String> {
 /// assert_eq!(fencing_key_for("odd}key"), None);
 /// ```
 pub fn fencing_key_for(key: &str) -> Option<String> {
-    same_slot_with_suffix(key, ":fence")
+    if hash_tag(key).is_some() {
+        Some(format!("{key}:fence"))
+    } else if key.contains('}') {
+        None
+    } else {
+        Some(format!("{{{key}}}:fence"))
+    }
 }
 
-/// The pub/sub channel on which releases of `key` are announced (same slot as `key`, for
-/// sharded pub/sub): `{key}:released`, or `key` + `:released` for a key with a hash tag, or
-/// the key itself when neither keeps the slot. `release.lua` computes the same names.
+/// The pub/sub channel on which releases of `key` are announced: the key's own name (pub/sub
+/// channels live in a namespace of their own). A channel hashes like a key, so it stays in
+/// the key's cluster slot for sharded pub/sub; `release.lua` announces on the same names.
 ///
 /// ```
-/// use lockset::release_channel;
-/// assert_eq!(release_channel("orders"), "{orders}:released");
-/// assert_eq!(release_channel("{u1}:cart"), "{u1}:cart:released");
-/// assert_eq!(release_channel("odd}key"), "odd}key");
+/// assert_eq!(lockset::release_channel("{u1}:cart"), "{u1}:cart");
 /// ```
-pub fn release_channel(key: &str) -> String {
-    same_slot_with_suffix(key, ":released").unwrap_or_else(|| key.to_owned())
+pub fn release_channel(key: &str) -> &str {
+    key
 }
 
 #[cfg(test)]
@@ -75,7 +66,5 @@ mod tests {
         assert_eq!(fencing_key_for("x{open").as_deref(), Some("{x{open}:fence"));
         assert_eq!(hash_tag("{x{open}:fence"), Some("x{open"));
         assert_eq!(fencing_key_for("{}x"), None);
-        assert_eq!(release_channel("{}x"), "{}x");
-        assert_eq!(release_channel("x{open"), "{x{open}:released");
     }
 }

@@ -3,12 +3,11 @@
 //! This layer knows the scripts, the value encoding and the reply shapes; it knows nothing
 //! about retries or deadlines (see `policy`).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs, Value};
+use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
 use crate::scripts;
@@ -25,11 +24,10 @@ pub(crate) enum Obtain {
 }
 
 /// A connection to one Redis server, plus what we learned about that server.
-#[derive(Clone)]
 pub(crate) struct Store<C> {
     conn: C,
     /// False once the server rejected `SET .. NX GET` (Redis before 7.0).
-    set_nx_get: Arc<AtomicBool>,
+    set_nx_get: AtomicBool,
     /// The command `release.lua` announces releases with.
     announce: &'static str,
 }
@@ -38,7 +36,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     pub(crate) fn new(conn: C) -> Self {
         Self {
             conn,
-            set_nx_get: Arc::new(AtomicBool::new(true)),
+            set_nx_get: AtomicBool::new(true),
             // A standalone server: plain pub/sub. (redis-rs subscribes to sharded channels
             // only over cluster connections, and a single server gains nothing from them.)
             announce: "PUBLISH",
@@ -76,15 +74,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         value: &str,
         ttl_ms: u64,
     ) -> Result<Option<Obtain>> {
-        let reply: RedisResult<Option<Vec<u8>>> = redis::cmd("SET")
-            .arg(key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
-            .arg("GET")
-            .query_async(&mut self.conn.clone())
-            .await;
+        let reply: RedisResult<Option<Vec<u8>>> =
+            Cmd::with_capacity(7, 32 + key.len() + value.len())
+                .arg("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .arg("GET")
+                .query_async(&mut self.conn.clone())
+                .await;
         match reply {
             Ok(None) => Ok(Some(Obtain::Obtained { fence: None })),
             // Held by ourselves: re-obtain by script, which also resets the TTL and value.
@@ -111,24 +111,15 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         counter: Option<&str>,
     ) -> Result<Obtain> {
         // The fencing counter, if any, goes last in KEYS, flagged by ARGV[4].
-        let mut invocation = scripts::OBTAIN.prepare_invoke();
-        invocation
-            .key(keys)
-            .key(counter)
-            .arg(owner.tag())
-            .arg(value)
-            .arg(ttl_ms)
-            .arg(counter.map(|_| 1));
-        let reply = invocation.invoke_async(&mut self.conn.clone()).await?;
+        let args = (owner.tag(), value, ttl_ms, counter.map(|_| 1));
+        let reply = self.invoke(&scripts::OBTAIN, keys, counter, args).await?;
         parse_obtain_reply(reply)
     }
 
     /// The smallest remaining TTL across `keys`, or `None` when the lock is not held.
     /// A lock held without expiry reports `Duration::MAX`.
     pub(crate) async fn pttl(&self, keys: &[String], owner: &Owner) -> Result<Option<Duration>> {
-        let left: i64 = self
-            .invoke(&scripts::PTTL, keys, owner, None::<u64>)
-            .await?;
+        let left: i64 = self.invoke(&scripts::PTTL, keys, None, owner.tag()).await?;
         Ok(match left {
             scripts::PTTL_NOT_HELD => None,
             scripts::PTTL_PERSISTENT => Some(Duration::MAX),
@@ -143,30 +134,50 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         owner: &Owner,
         ttl_ms: u64,
     ) -> Result<bool> {
-        let done: i64 = self.invoke(&scripts::REFRESH, keys, owner, ttl_ms).await?;
+        let done: i64 = self
+            .invoke(&scripts::REFRESH, keys, None, (owner.tag(), ttl_ms))
+            .await?;
         Ok(done == 1)
     }
 
     /// Deletes every key; false when the lock is not held.
     pub(crate) async fn release(&self, keys: &[String], owner: &Owner) -> Result<bool> {
         let done: i64 = self
-            .invoke(&scripts::RELEASE, keys, owner, self.announce)
+            .invoke(&scripts::RELEASE, keys, None, (owner.tag(), self.announce))
             .await?;
         Ok(done == 1)
     }
 
-    /// Runs `script` by EVALSHA over `keys` with the owner tag as `ARGV[1]`, then `args`
-    /// (`None` for no more arguments).
+    /// Runs `script` by EVALSHA over `keys` (then `extra_key`, if any) with `args`, loading
+    /// the script when the server answers NOSCRIPT.
+    ///
+    /// This is what `ScriptInvocation::invoke_async` does, minus its copies of every key
+    /// and argument into a second command: this runs on every lock operation.
     async fn invoke<T: FromRedisValue>(
         &self,
         script: &Script,
         keys: &[String],
-        owner: &Owner,
+        extra_key: Option<&str>,
         args: impl ToRedisArgs,
     ) -> Result<T> {
-        let mut invocation = script.prepare_invoke();
-        invocation.key(keys).arg(owner.tag()).arg(args);
-        Ok(invocation.invoke_async(&mut self.conn.clone()).await?)
+        let key_bytes: usize = keys.iter().map(String::len).sum();
+        let mut cmd = Cmd::with_capacity(keys.len() + 8, key_bytes + 128);
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys.len() + usize::from(extra_key.is_some()))
+            .arg(keys)
+            .arg(extra_key)
+            .arg(args);
+        let mut conn = self.conn.clone();
+        match cmd.query_async(&mut conn).await {
+            Err(err)
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                script.load_async(&mut conn).await?;
+                Ok(cmd.query_async(&mut conn).await?)
+            }
+            reply => Ok(reply?),
+        }
     }
 
     /// Like [`Store::release`], but sends the script's source with EVAL. For clean-up after

@@ -6,6 +6,7 @@
 //! holder's token (or of token + metadata) can never pass for it, which is how
 //! bsm/redislock's custom tokens can take over someone else's lock.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use base64::Engine as _;
@@ -14,8 +15,12 @@ use rand::Rng as _;
 
 use crate::error::InvalidInput;
 
-/// Random bytes in a generated token (22 characters once encoded).
+/// Random bytes in a generated token.
 const TOKEN_BYTES: usize = 16;
+/// Characters of a generated token: 16 bytes in base64 without padding.
+const RANDOM_TOKEN_LEN: usize = 22;
+/// The owner tag's length prefix for a generated token.
+const RANDOM_TAG_PREFIX: &str = "22:";
 
 /// Who owns a lock: its token, and the tag that starts every value it stores.
 #[derive(Clone, PartialEq, Eq)]
@@ -32,7 +37,14 @@ impl Owner {
     pub(crate) fn random() -> Self {
         let mut bytes = [0u8; TOKEN_BYTES];
         rand::rng().fill_bytes(&mut bytes);
-        Self::from_token(&URL_SAFE_NO_PAD.encode(bytes))
+        // Encoded straight after the length prefix: one allocation per lock.
+        let mut tag = String::with_capacity(3 + RANDOM_TOKEN_LEN);
+        tag.push_str(RANDOM_TAG_PREFIX);
+        URL_SAFE_NO_PAD.encode_string(bytes, &mut tag);
+        Self {
+            tag,
+            token_at: RANDOM_TAG_PREFIX.len(),
+        }
     }
 
     /// An owner with a caller-chosen token, for re-entrant re-obtain.
@@ -59,12 +71,16 @@ impl Owner {
         &self.tag
     }
 
-    /// The value to store: the tag followed by the metadata.
-    pub(crate) fn value(&self, metadata: &str) -> String {
+    /// The value to store: the tag followed by the metadata (the tag itself, without
+    /// allocating, when there is no metadata).
+    pub(crate) fn value(&self, metadata: &str) -> Cow<'_, str> {
+        if metadata.is_empty() {
+            return Cow::Borrowed(&self.tag);
+        }
         let mut value = String::with_capacity(self.tag.len() + metadata.len());
         value.push_str(&self.tag);
         value.push_str(metadata);
-        value
+        Cow::Owned(value)
     }
 
     /// True when `value` was stored by this owner.
@@ -107,7 +123,8 @@ mod tests {
     #[test]
     fn random_tokens_are_22_url_safe_characters() {
         let owner = Owner::random();
-        assert_eq!(owner.token().len(), 22);
+        assert_eq!(owner.token().len(), RANDOM_TOKEN_LEN);
+        assert_eq!(owner.tag(), format!("22:{}", owner.token()));
         assert!(
             owner
                 .token()

@@ -49,7 +49,7 @@ async fn a_release_wakes_the_waiter_long_before_its_next_poll() {
     assert_eq!(env.client.release_channels_watched(), 0);
     let channel = release_channel("job");
     eventually(async || {
-        let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", &channel]).await;
+        let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", channel]).await;
         subscribers.1 == 0
     })
     .await;
@@ -179,7 +179,7 @@ async fn killing_the_subscriber_connection_loses_no_waiter_and_no_deadline() {
     // The subscriber reconnects and listens again for the waiters still waiting.
     let channel = release_channel("job");
     eventually(async || {
-        let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", &channel]).await;
+        let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", channel]).await;
         subscribers.1 == 1
     })
     .await;
