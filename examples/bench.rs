@@ -30,8 +30,8 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
-const ROUNDS: usize = 7;
-const ROUND: Duration = Duration::from_millis(600);
+const ROUNDS: usize = 11;
+const ROUND: Duration = Duration::from_millis(500);
 
 const RAW_RELEASE: &str = r"
 for i = 1, #KEYS do
