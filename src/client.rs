@@ -1,5 +1,6 @@
 //! The public entry point: a cheap, cloneable handle that obtains locks.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -8,11 +9,13 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::time::Instant;
 
+use crate::backend::Backend;
 use crate::error::{Error, InvalidInput, Result};
 use crate::events::Events;
 use crate::lock::{Lock, Obtained};
 use crate::options::Options;
 use crate::policy::{self, Held, Step, Waiter};
+use crate::quorum::{Quorum, QuorumConfig};
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
 use crate::tasks::Tasks;
@@ -46,7 +49,7 @@ pub struct Client<C> {
 }
 
 struct Inner<C> {
-    store: Store<C>,
+    backend: Backend<C>,
     tasks: Tasks,
     events: OnceLock<Events>,
 }
@@ -78,7 +81,7 @@ where
     pub fn new(conn: C) -> Self {
         Self {
             inner: Arc::new(Inner {
-                store: Store::new(conn),
+                backend: Backend::Single(Store::new(conn)),
                 tasks: Tasks::default(),
                 events: OnceLock::new(),
             }),
@@ -111,6 +114,61 @@ where
     /// nobody waits).
     pub fn release_channels_watched(&self) -> usize {
         self.inner.events.get().map_or(0, Events::channels)
+    }
+
+    /// A Redlock client: one lock over the independent masters behind `nodes` (single-server
+    /// clients, typically 3 or 5), with the same operations as a single-server client.
+    ///
+    /// Every operation goes to all masters at once and counts when a majority (N/2 + 1)
+    /// agrees. An obtain succeeds only if a majority locked the whole key set and the validity
+    /// `ttl − elapsed − drift` is positive (elapsed from before the first send to the
+    /// decision, drift = ttl × drift factor + 2 ms); otherwise it releases on every master and
+    /// retries per the retry strategy. It returns as soon as the outcome is decided, without
+    /// waiting for the slowest master. [`Lock::valid_until`] is the end of the validity, and
+    /// [`Lock::ttl`] reports what is left of it; refresh needs a majority too (re-creating
+    /// keys on a master that restarted empty), and release deletes on every master.
+    ///
+    /// **When to use it.** A single master with replicas can lose a lock on failover:
+    /// replication is asynchronous. Redlock survives the loss of a minority of masters. If an
+    /// occasional double holder after a failover is acceptable (efficiency locks), one master
+    /// is simpler and faster. Redlock's safety assumes bounded clock drift between the
+    /// masters and this process, and that a master which restarts without `appendfsync
+    /// always` stays down longer than the longest TTL (antirez's delayed restart): otherwise
+    /// it forgets locks a majority still counts on. It gives no fencing guarantee on its own,
+    /// and [`Options::fencing`] is refused; release events are off (waiters poll).
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::NoNodes`] without masters, [`InvalidInput::DriftFactor`] for a drift
+    /// factor outside [0, 1), [`InvalidInput::NestedQuorum`] when a node is itself a quorum.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// use std::time::Duration;
+    /// use lockset::{Client, Options, QuorumConfig};
+    ///
+    /// let mut masters = Vec::new();
+    /// for url in ["redis://10.0.0.1/", "redis://10.0.0.2/", "redis://10.0.0.3/"] {
+    ///     masters.push(Client::connect(url).await?);
+    /// }
+    /// let redlock = Client::quorum(masters, QuorumConfig::default())?;
+    /// let lock = redlock.obtain("report", Duration::from_secs(10), &Options::default()).await?;
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn quorum(nodes: impl IntoIterator<Item = Self>, config: QuorumConfig) -> Result<Self> {
+        let nodes: Vec<Self> = nodes.into_iter().collect();
+        if nodes.iter().any(|node| node.store().is_none()) {
+            return Err(InvalidInput::NestedQuorum.into());
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                backend: Backend::Quorum(Quorum::new(nodes, config)?),
+                tasks: Tasks::default(),
+                events: OnceLock::new(),
+            }),
+        })
     }
 
     /// How many background tasks this client and its clones are running now: watchdogs,
@@ -225,47 +283,48 @@ where
         let start = Instant::now();
         validate::keys(&keys)?;
         let ttl_ms = validate::ttl_millis(ttl)?;
-        let owner = match &options.token {
-            Some(token) => Owner::custom(token)?,
-            None => Owner::random(),
-        };
-        let counter =
-            match &options.fencing {
-                Some(fencing) => Some(fencing.counter_key(&keys[0]).ok_or_else(|| {
-                    InvalidInput::NoFencingKey {
-                        key: keys[0].clone(),
-                    }
-                })?),
-                None => None,
-            };
-        let value = owner.value(&options.metadata);
+        let custom = options.token.as_deref().map(Owner::custom).transpose()?;
+        let counter = self.fencing_counter(&keys, options)?;
         let attempt = Attempt {
             client: self,
             keys: &keys,
-            owner: &owner,
-            value: &value,
-            ttl_ms,
+            custom: custom.as_ref(),
+            metadata: &options.metadata,
+            ttl: (ttl, ttl_ms),
             counter: counter.as_deref(),
-            random_token: options.token.is_none(),
         };
         let deadline = options.deadline_from(start, ttl);
         let mut waiter = Waiter::for_keys(self.inner.events.get(), &keys);
-        let (fence, sent) =
-            policy::run(&options.retry, deadline, &mut waiter, || attempt.run()).await?;
+        let won = policy::run(&options.retry, deadline, &mut waiter, || attempt.run()).await?;
         let obtained = Obtained {
             keys,
-            owner,
+            owner: won.owner,
             metadata: options.metadata.clone(),
             ttl,
             ttl_ms,
-            fence,
-            sent,
+            fence: won.fence,
+            valid_until: won.valid_until,
         };
         Ok(Lock::new(self.clone(), obtained))
     }
 
-    pub(crate) fn store(&self) -> &Store<C> {
-        &self.inner.store
+    /// The fencing counter key, when `options` ask for fencing tokens.
+    fn fencing_counter(&self, keys: &[String], options: &Options) -> Result<Option<String>> {
+        let Some(fencing) = &options.fencing else {
+            return Ok(None);
+        };
+        if self.backend().is_quorum() {
+            return Err(InvalidInput::FencingWithQuorum.into());
+        }
+        let first = &keys[0];
+        let counter = fencing
+            .counter_key(first)
+            .ok_or_else(|| InvalidInput::NoFencingKey { key: first.clone() })?;
+        Ok(Some(counter))
+    }
+
+    pub(crate) fn backend(&self) -> &Backend<C> {
+        &self.inner.backend
     }
 
     pub(crate) fn tasks(&self) -> &Tasks {
@@ -275,48 +334,81 @@ where
     pub(crate) fn events(&self) -> Option<&Events> {
         self.inner.events.get()
     }
+
+    /// The store of a single-server client (each master of a quorum is one).
+    pub(crate) fn store(&self) -> Option<&Store<C>> {
+        match &self.inner.backend {
+            Backend::Single(store) => Some(store),
+            Backend::Quorum(_) => None,
+        }
+    }
 }
 
-/// One obtain attempt's inputs, computed once per call.
+/// One obtain call's inputs, computed once.
 struct Attempt<'a, C> {
     client: &'a Client<C>,
     keys: &'a [String],
-    owner: &'a Owner,
-    value: &'a str,
-    ttl_ms: u64,
+    /// The caller's token; `None` for a fresh random token per attempt.
+    custom: Option<&'a Owner>,
+    metadata: &'a str,
+    ttl: (Duration, u64),
     counter: Option<&'a str>,
-    /// Nobody else can hold keys with a random token, so clean-up by token is safe.
-    random_token: bool,
+}
+
+/// A successful attempt.
+struct Won {
+    owner: Owner,
+    fence: Option<u64>,
+    valid_until: Instant,
 }
 
 impl<C> Attempt<'_, C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// One attempt; on success, the fencing token and when the attempt was sent.
+    /// One attempt.
     ///
-    /// A reply that never came (client-side timeout) leaves the outcome unknown: the script
-    /// may have locked the keys. So does dropping this future mid-flight. For a random
-    /// token, release by token then (before retrying or giving up, or in the background when
-    /// dropped). A custom token may already have held these keys before this call, so they
-    /// are left to expire with the TTL.
-    async fn run(&self) -> Step<(Option<u64>, Instant)> {
+    /// Without a custom token every attempt gets a fresh random one, so a late clean-up of
+    /// a failed attempt can never delete a later attempt's lock (on a slow Redlock master,
+    /// say). A reply that never came (client-side timeout) leaves the outcome unknown: the
+    /// script may have locked the keys. So does dropping this future mid-flight. For a
+    /// random token, release by token then (before retrying or giving up, or in the
+    /// background when dropped). A custom token may already have held these keys before
+    /// this call, so they are left to expire with the TTL.
+    async fn run(&self) -> Step<Won> {
+        let owner = match self.custom {
+            Some(owner) => Cow::Borrowed(owner),
+            None => Cow::Owned(Owner::random()),
+        };
+        let value = owner.value(self.metadata);
         let sent = Instant::now();
         let mut cleanup = CleanupOnDrop {
-            attempt: self.random_token.then_some(self),
+            attempt: self.custom.is_none().then_some((self, &*owner)),
         };
         let outcome = self
             .client
-            .store()
-            .obtain(self.keys, self.owner, self.value, self.ttl_ms, self.counter)
+            .backend()
+            .obtain(self.keys, &owner, &value, self.ttl, self.counter)
             .await;
+        // Settled: no clean-up on drop from here on.
         cleanup.attempt = None;
+        drop(cleanup);
         match outcome {
-            Ok(Obtain::Obtained { fence }) => Step::Done((fence, sent)),
+            Ok(Obtain::Obtained { fence }) => {
+                let (ttl, _) = self.ttl;
+                let valid_for = ttl.saturating_sub(self.client.backend().drift(ttl));
+                let valid_until = sent.checked_add(valid_for).unwrap_or(sent);
+                let owner = owner.into_owned();
+                Step::Done(Won {
+                    owner,
+                    fence,
+                    valid_until,
+                })
+            }
             Ok(Obtain::Held { ttl, key }) => Step::Held(Held { ttl, key }),
             Err(Error::Redis(err)) if err.is_timeout() => {
-                if self.random_token {
-                    self.release_unknown().await;
+                if self.custom.is_none() {
+                    self.release_unknown(&owner).await;
                 }
                 Step::from_error(Error::UnknownOutcome(err))
             }
@@ -325,10 +417,10 @@ where
     }
 
     /// Best-effort release after an obtain whose outcome is unknown.
-    async fn release_unknown(&self) {
-        let store = self.client.store();
-        match store.release_by_eval(self.keys, self.owner).await {
-            Ok(released) => tracing::debug!(released, "cleaned up after an obtain timed out"),
+    async fn release_unknown(&self, owner: &Owner) {
+        let backend = self.client.backend();
+        match backend.clean_up(self.keys, owner, self.ttl.0).await {
+            Ok(()) => tracing::debug!("cleaned up after an obtain timed out"),
             Err(err) => tracing::warn!(
                 %err,
                 "clean-up after an obtain timed out failed; the keys expire with their TTL"
@@ -342,7 +434,7 @@ struct CleanupOnDrop<'a, 'b, C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    attempt: Option<&'b Attempt<'a, C>>,
+    attempt: Option<(&'b Attempt<'a, C>, &'b Owner)>,
 }
 
 impl<C> Drop for CleanupOnDrop<'_, '_, C>
@@ -350,17 +442,18 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn drop(&mut self) {
-        let Some(attempt) = self.attempt else {
+        let Some((attempt, owner)) = self.attempt else {
             return;
         };
-        let (client, keys, owner) = (
+        let (client, keys, owner, ttl) = (
             attempt.client.clone(),
             attempt.keys.to_vec(),
-            attempt.owner.clone(),
+            owner.clone(),
+            attempt.ttl.0,
         );
         // Sent on the same connection after the obtain, so it runs after it.
         let spawned = attempt.client.tasks().spawn(async move {
-            if let Err(err) = client.store().release_by_eval(&keys, &owner).await {
+            if let Err(err) = client.backend().clean_up(&keys, &owner, ttl).await {
                 tracing::warn!(%err, "clean-up after a cancelled obtain failed; the keys expire with their TTL");
             }
         });

@@ -50,13 +50,121 @@ pub enum Error {
     /// Redis returned an error, or the connection failed.
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
+
+    /// A Redlock operation did not reach a majority of the masters (see
+    /// [`Client::quorum`](crate::Client::quorum)). [`Error::is_not_obtained`] is true for a
+    /// failed obtain or refresh, [`Error::is_not_held`] for a failed release.
+    #[error("{op}: {succeeded} of {nodes} masters agreed, {needed} needed{}: {}",
+        if *expired { " but the validity ran out" } else { "" },
+        describe(failures))]
+    Quorum {
+        /// The operation.
+        op: QuorumOp,
+        /// How many masters agreed.
+        succeeded: usize,
+        /// How many make a majority.
+        needed: usize,
+        /// How many masters there are.
+        nodes: usize,
+        /// A majority agreed, but too late: the validity (TTL − elapsed − drift) ran out.
+        expired: bool,
+        /// Each master that did not agree (by index), and why.
+        failures: Vec<(usize, NodeFailure)>,
+    },
+}
+
+/// A Redlock operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum QuorumOp {
+    /// Obtain.
+    Obtain,
+    /// Refresh.
+    Refresh,
+    /// Release.
+    Release,
+}
+
+impl std::fmt::Display for QuorumOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Obtain => "obtain",
+            Self::Refresh => "refresh",
+            Self::Release => "release",
+        })
+    }
+}
+
+/// Why one Redlock master did not agree.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum NodeFailure {
+    /// The lock is held by another owner there (obtain), or is not ours there (refresh,
+    /// release).
+    Refused,
+    /// No answer within the per-node time limit.
+    TimedOut(Duration),
+    /// A key holds a non-string value there.
+    WrongType(String),
+    /// A Redis or connection error.
+    Redis(redis::RedisError),
+}
+
+impl NodeFailure {
+    pub(crate) fn wrong_type_key(&self) -> Option<&str> {
+        match self {
+            Self::WrongType(key) => Some(key),
+            _ => None,
+        }
+    }
+}
+
+impl From<Error> for NodeFailure {
+    fn from(err: Error) -> Self {
+        match err {
+            Error::Redis(err) | Error::UnknownOutcome(err) => Self::Redis(err),
+            Error::WrongType { key } => Self::WrongType(key),
+            other => Self::Redis(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "unexpected node error",
+                other.to_string(),
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for NodeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused => f.write_str("held by another owner or not ours"),
+            Self::TimedOut(limit) => write!(f, "no answer within {limit:?}"),
+            Self::WrongType(key) => write!(f, "key {key:?} holds a non-string value"),
+            Self::Redis(err) => write!(f, "{err}"),
+        }
+    }
+}
+
+fn describe(failures: &[(usize, NodeFailure)]) -> String {
+    let parts: Vec<String> = failures
+        .iter()
+        .map(|(node, failure)| format!("master {node}: {failure}"))
+        .collect();
+    parts.join("; ")
 }
 
 impl Error {
     /// True when the lock was not obtained because somebody else holds it, whether the
     /// retry strategy or the deadline ended the wait.
     pub fn is_not_obtained(&self) -> bool {
-        matches!(self, Self::NotObtained | Self::DeadlineExceeded)
+        matches!(
+            self,
+            Self::NotObtained
+                | Self::DeadlineExceeded
+                | Self::Quorum {
+                    op: QuorumOp::Obtain | QuorumOp::Refresh,
+                    ..
+                }
+        )
     }
 
     /// True when obtain gave up because its deadline passed.
@@ -66,12 +174,19 @@ impl Error {
 
     /// True when the lock is no longer ours ([`Error::NotHeld`]).
     pub fn is_not_held(&self) -> bool {
-        matches!(self, Self::NotHeld)
+        matches!(
+            self,
+            Self::NotHeld
+                | Self::Quorum {
+                    op: QuorumOp::Release,
+                    ..
+                }
+        )
     }
 }
 
 /// Input rejected before anything was sent to Redis.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum InvalidInput {
     /// The key set is empty.
@@ -121,6 +236,22 @@ pub enum InvalidInput {
         /// The lock's first key.
         key: String,
     },
+    /// A Redlock quorum needs at least one master.
+    #[error("invalid input: a quorum needs at least one master")]
+    NoNodes,
+    /// The Redlock drift factor must be a number in [0, 1).
+    #[error("invalid input: drift factor {factor} is not in [0, 1)")]
+    DriftFactor {
+        /// The factor that was given.
+        factor: f64,
+    },
+    /// A node of a Redlock quorum must be a single-server client.
+    #[error("invalid input: a quorum's nodes must be single-server clients")]
+    NestedQuorum,
+    /// Fencing tokens need one counter; a Redlock quorum has one per master, which do not
+    /// agree. Redlock gives no fencing guarantee on its own.
+    #[error("invalid input: fencing tokens are not available with a Redlock quorum")]
+    FencingWithQuorum,
     /// A custom token is the empty string.
     #[error("invalid input: the custom token is empty")]
     EmptyToken,

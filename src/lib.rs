@@ -61,6 +61,7 @@
     clippy::print_stderr
 )]
 
+mod backend;
 mod client;
 mod error;
 mod events;
@@ -69,6 +70,7 @@ mod guard;
 mod lock;
 mod options;
 mod policy;
+mod quorum;
 mod retry;
 mod scripts;
 mod signal;
@@ -79,10 +81,11 @@ mod validate;
 mod value;
 
 pub use client::Client;
-pub use error::{Error, InvalidInput, Result};
+pub use error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
 pub use guard::Guard;
 pub use lock::Lock;
 pub use options::Options;
+pub use quorum::{MIN_NODE_TIMEOUT, QuorumConfig};
 pub use retry::{Backoff, Jitter, Retry, RetryStrategy};
 pub use signal::LostSignal;
 pub use slots::{fencing_key_for, release_channel};

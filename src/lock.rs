@@ -66,8 +66,8 @@ pub(crate) struct Obtained {
     pub(crate) ttl: Duration,
     pub(crate) ttl_ms: u64,
     pub(crate) fence: Option<u64>,
-    /// When the successful attempt was sent.
-    pub(crate) sent: Instant,
+    /// When the successful attempt was sent, plus the TTL, less any drift allowance.
+    pub(crate) valid_until: Instant,
 }
 
 impl<C> Lock<C>
@@ -75,10 +75,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     pub(crate) fn new(client: Client<C>, obtained: Obtained) -> Self {
-        let valid_until = obtained
-            .sent
-            .checked_add(obtained.ttl)
-            .unwrap_or(obtained.sent);
+        let valid_until = obtained.valid_until;
         Self {
             client,
             keys: obtained.keys,
@@ -157,8 +154,16 @@ where
     ///
     /// `Ok(None)` means the lock is not held any more (a key expired or now belongs to
     /// someone else). A lock whose keys someone made persistent reports `Duration::MAX`.
+    /// A Redlock lock reports what is left of its validity, if a majority still holds it.
     pub async fn ttl(&self) -> Result<Option<Duration>> {
-        let left = self.client.store().pttl(&self.keys, &self.owner).await?;
+        let backend = self.client.backend();
+        let mut left = backend.pttl(&self.keys, &self.owner, self.ttl).await?;
+        if backend.is_quorum() {
+            let validity = self.valid_until().saturating_duration_since(Instant::now());
+            left = left
+                .map(|left| left.min(validity))
+                .filter(|left| !left.is_zero());
+        }
         if left.is_none() {
             self.mark_lost();
         }
@@ -194,13 +199,14 @@ where
     /// One refresh attempt; keeps the validity up to date.
     pub(crate) async fn refresh_once(&self, ttl: Duration, ttl_ms: u64) -> Result<bool> {
         let sent = Instant::now();
-        let refreshed = self
-            .client
-            .store()
-            .refresh(&self.keys, &self.owner, ttl_ms)
+        let backend = self.client.backend();
+        let value = self.owner.value(&self.metadata);
+        let refreshed = backend
+            .refresh(&self.keys, &self.owner, &value, (ttl, ttl_ms))
             .await?;
         if refreshed {
-            let valid_until = sent.checked_add(ttl).unwrap_or(sent);
+            let valid_for = ttl.saturating_sub(backend.drift(ttl));
+            let valid_until = sent.checked_add(valid_for).unwrap_or(sent);
             // Never move validity backwards (an older refresh finishing late).
             self.validity()
                 .update(|current| (valid_until > current).then_some(valid_until));
@@ -222,7 +228,10 @@ where
 
     pub(crate) async fn release_keys(&self) -> Result<()> {
         self.mark_lost();
-        let release = self.client.store().release(&self.keys, &self.owner);
+        let release = self
+            .client
+            .backend()
+            .release(&self.keys, &self.owner, self.ttl);
         let released = match self.client.events() {
             // Waiters of this client: hand over as soon as the release is on its way.
             Some(events) if events.channels() > 0 => {

@@ -127,15 +127,22 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         })
     }
 
-    /// Extends every key to `ttl_ms`; false when the lock is not held.
+    /// Extends every key to `ttl_ms`; false when the lock is not held. With `restore`, keys
+    /// that are missing are re-created with that value (Redlock, after a master restarted).
     pub(crate) async fn refresh(
         &self,
         keys: &[String],
         owner: &Owner,
         ttl_ms: u64,
+        restore: Option<&str>,
     ) -> Result<bool> {
         let done: i64 = self
-            .invoke(&scripts::REFRESH, keys, None, (owner.tag(), ttl_ms))
+            .invoke(
+                &scripts::REFRESH,
+                keys,
+                None,
+                (owner.tag(), ttl_ms, restore),
+            )
             .await?;
         Ok(done == 1)
     }
