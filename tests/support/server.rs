@@ -34,7 +34,24 @@ impl RedisServer {
     }
 
     fn try_start() -> Option<Self> {
-        let port = free_port();
+        Self::try_start_on(free_port())
+    }
+
+    /// Kills the server and starts a new, empty one on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        for _ in 0..50 {
+            if let Some(mut server) = Self::try_start_on(self.port) {
+                std::mem::swap(self, &mut server);
+                // `server` is now the dead process; dropping it only reaps it.
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    fn try_start_on(port: u16) -> Option<Self> {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
@@ -103,12 +120,15 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
-        // A paused server must be woken to die promptly on some systems.
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.child.id().to_string()])
-            .stderr(Stdio::null())
-            .status();
-        self.stop();
+        // Only a process of ours that still runs (a reaped pid may belong to someone else).
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // A paused server must be woken to die promptly on some systems.
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.child.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+            self.stop();
+        }
     }
 }
 

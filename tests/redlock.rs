@@ -1,0 +1,416 @@
+//! Redlock over five independent masters, with faults: killed, paused and restarted masters.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockset::redis::aio::ConnectionManager;
+use lockset::{
+    Client, Error, InvalidInput, Jitter, NodeFailure, Options, QuorumConfig, QuorumOp, Retry,
+};
+use support::{RedisServer, ms};
+use tokio::time::Instant;
+
+/// Five private masters, a client for each, and a Redlock client over all of them.
+struct Masters {
+    servers: Vec<RedisServer>,
+    nodes: Vec<Client<ConnectionManager>>,
+    redlock: Client<ConnectionManager>,
+}
+
+impl Masters {
+    async fn start(config: QuorumConfig) -> Self {
+        let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+        let mut nodes = Vec::new();
+        for server in &servers {
+            nodes.push(Client::connect(&server.url()).await.unwrap());
+        }
+        let redlock = Client::quorum(nodes.clone(), config).unwrap();
+        Self {
+            servers,
+            nodes,
+            redlock,
+        }
+    }
+
+    /// What master `i` stores at `key`.
+    async fn get(&self, i: usize, key: &str) -> Option<String> {
+        let mut conn = support::connect(&self.servers[i]).await;
+        lockset::redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    /// How many keys each of the given masters holds.
+    async fn dbsizes(&self, masters: impl IntoIterator<Item = usize>) -> Vec<i64> {
+        let mut sizes = Vec::new();
+        for i in masters {
+            let mut conn = support::connect(&self.servers[i]).await;
+            sizes.push(
+                lockset::redis::cmd("DBSIZE")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap(),
+            );
+        }
+        sizes
+    }
+}
+
+fn config() -> QuorumConfig {
+    // Generous for a loaded machine; the faults below are far longer.
+    QuorumConfig::default().node_timeout(ms(300))
+}
+
+#[tokio::test]
+async fn all_masters_up_obtain_refresh_release() {
+    let m = Masters::start(config()).await;
+    let lock = m
+        .redlock
+        .obtain_multi(["{r}:a", "{r}:b"], ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    let ours = Some(format!("22:{}", lock.token()));
+    // Obtain returns once a majority agreed; the others follow (their requests are queued).
+    let start = Instant::now();
+    for i in 0..5 {
+        while m.get(i, "{r}:b").await != ours {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "master {i} never got it"
+            );
+            tokio::time::sleep(ms(5)).await;
+        }
+        assert_eq!(m.get(i, "{r}:a").await, ours);
+    }
+    let valid_for = lock.valid_until() - Instant::now();
+    assert!(
+        valid_for > ms(5_000) && valid_for < ms(10_000),
+        "{valid_for:?}"
+    );
+    let left = lock.ttl().await.unwrap().unwrap();
+    assert!(
+        left <= valid_for + ms(100),
+        "TTL reports the remaining validity: {left:?}"
+    );
+
+    lock.refresh(ms(60_000), &Options::default()).await.unwrap();
+    assert!(lock.valid_until() - Instant::now() > ms(30_000));
+
+    // Somebody else cannot have it meanwhile.
+    let err = m
+        .redlock
+        .obtain("{r}:b", ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+
+    lock.release().await.unwrap();
+    assert_eq!(m.dbsizes(0..5).await, vec![0; 5]);
+}
+
+#[tokio::test]
+async fn multi_key_sets_are_all_or_nothing_on_each_master() {
+    let m = Masters::start(config()).await;
+    // Masters 0 and 1 have "b" held by someone else: a minority.
+    for i in [0, 1] {
+        m.nodes[i]
+            .obtain("b", ms(60_000), &Options::default())
+            .await
+            .unwrap();
+    }
+    let lock = m
+        .redlock
+        .obtain_multi(["a", "b", "c"], ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    for i in [0, 1] {
+        assert_eq!(
+            m.get(i, "a").await,
+            None,
+            "master {i} locked part of the set"
+        );
+        assert_eq!(
+            m.get(i, "c").await,
+            None,
+            "master {i} locked part of the set"
+        );
+    }
+    for i in 2..5 {
+        assert_eq!(m.get(i, "a").await, Some(format!("22:{}", lock.token())));
+    }
+    lock.release().await.unwrap();
+
+    // With "b" held on a majority, nothing is left anywhere.
+    m.nodes[2]
+        .obtain("b", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let err = m
+        .redlock
+        .obtain_multi(["a", "b", "c"], ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    assert_eq!(m.dbsizes(0..5).await, vec![1, 1, 1, 0, 0]);
+}
+
+#[tokio::test]
+async fn two_masters_killed_still_work() {
+    let mut m = Masters::start(config()).await;
+    m.servers[0].stop();
+    m.servers[3].stop();
+    let lock = m
+        .redlock
+        .obtain("job", ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    assert!(lock.ttl().await.unwrap().is_some());
+    lock.refresh(ms(10_000), &Options::default()).await.unwrap();
+    lock.release().await.unwrap();
+    assert_eq!(m.dbsizes([1, 2, 4]).await, vec![0; 3]);
+}
+
+#[tokio::test]
+async fn three_masters_killed_is_not_obtained_and_leaves_nothing_on_the_survivors() {
+    let mut m = Masters::start(config()).await;
+    for i in [0, 2, 4] {
+        m.servers[i].stop();
+    }
+    let err = m
+        .redlock
+        .obtain_multi(["a", "b"], ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    match &err {
+        Error::Quorum {
+            op,
+            succeeded,
+            needed,
+            failures,
+            ..
+        } => {
+            // Decided as soon as three masters failed, maybe before the survivors answered.
+            assert_eq!((*op, *needed), (QuorumOp::Obtain, 3));
+            assert!(*succeeded <= 2);
+            let failed: Vec<usize> = failures.iter().map(|(node, _)| *node).collect();
+            for dead in [0, 2, 4] {
+                assert!(failed.contains(&dead), "{failed:?}");
+            }
+            assert!(
+                failures
+                    .iter()
+                    .all(|(_, f)| !matches!(f, NodeFailure::Refused))
+            );
+        }
+        other => panic!("expected a quorum error, got {other:?}"),
+    }
+    assert!(err.to_string().contains("master 2"), "{err}");
+    assert_eq!(m.dbsizes([1, 3]).await, vec![0, 0]);
+}
+
+#[tokio::test]
+async fn a_paused_master_does_not_hold_up_obtain() {
+    let node_timeout = Duration::from_secs(5);
+    let m = Masters::start(QuorumConfig::default().node_timeout(node_timeout)).await;
+    // Load the scripts everywhere first, so that nothing waits for a NOSCRIPT round trip.
+    m.redlock
+        .obtain("warm", ms(10_000), &Options::default())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    m.servers[2].pause();
+    let start = Instant::now();
+    let lock = m
+        .redlock
+        .obtain("job", ms(30_000), &Options::default())
+        .await;
+    let took = start.elapsed();
+    m.servers[2].resume();
+    let lock = lock.unwrap();
+    // Decided by the four live masters, not by the paused one's recovery or its time limit.
+    assert!(took < node_timeout, "obtain took {took:?}");
+    lock.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_master_restarted_empty_is_re_established_by_refresh() {
+    let mut m = Masters::start(config()).await;
+    let lock = m
+        .redlock
+        .obtain("job", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    m.servers[1].restart();
+    assert_eq!(m.get(1, "job").await, None);
+    // Let the node's connection notice the restart and reconnect.
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(10_000));
+    lock.refresh(ms(30_000), &options).await.unwrap();
+    let restored = async || m.get(1, "job").await;
+    let start = Instant::now();
+    while restored().await.is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never re-established"
+        );
+        lock.refresh(ms(30_000), &options).await.unwrap();
+    }
+    assert_eq!(m.get(1, "job").await, Some(format!("22:{}", lock.token())));
+}
+
+#[tokio::test]
+async fn refresh_reports_loss_when_the_majority_is_gone() {
+    let mut m = Masters::start(config()).await;
+    let lock = m
+        .redlock
+        .obtain("job", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    // Three masters lose the lock (restarted empty) and someone else takes it there.
+    for i in [0, 1, 2] {
+        m.servers[i].restart();
+    }
+    let thief = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(10_000));
+    for i in [0, 1, 2] {
+        m.nodes[i].obtain("job", ms(30_000), &thief).await.unwrap();
+    }
+    let err = lock
+        .refresh(ms(30_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    assert_eq!(lock.ttl().await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn tiny_ttls_never_panic_and_are_not_obtained() {
+    let m = Masters::start(config()).await;
+    for ttl in [ms(1), ms(2), Duration::from_micros(1_500)] {
+        // The drift allowance alone (ttl × 0.01 + 2 ms) uses up such a TTL.
+        let err = m
+            .redlock
+            .obtain("job", ttl, &Options::default())
+            .await
+            .unwrap_err();
+        assert!(err.is_not_obtained(), "{ttl:?}: {err:?}");
+    }
+    // Just above it, either outcome is fine; nothing may panic or wrap.
+    for ttl in [ms(3), ms(5)] {
+        if let Ok(lock) = m.redlock.obtain("job", ttl, &Options::default()).await {
+            let _ = lock.ttl().await.unwrap();
+            let _ = lock.release().await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn quorums_refuse_bad_setups() {
+    let m = Masters::start(config()).await;
+    let err = Client::<ConnectionManager>::quorum([], config()).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::NoNodes)),
+        "{err:?}"
+    );
+    let err = Client::quorum([m.redlock.clone()], config()).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::NestedQuorum)),
+        "{err:?}"
+    );
+    let err = Client::quorum(
+        m.nodes.clone(),
+        QuorumConfig::default().drift_factor(f64::NAN),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::DriftFactor { .. })),
+        "{err:?}"
+    );
+    let err = m
+        .redlock
+        .obtain("job", ms(10_000), &Options::default().fencing())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::FencingWithQuorum)),
+        "{err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_with_one_master_paused_at_a_time_never_breaks_exclusion() {
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 100;
+    let m = Arc::new(Masters::start(QuorumConfig::default().node_timeout(ms(50))).await);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let violations = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::new(AtomicU64::new(0));
+    let options = Options::default()
+        .retry(Retry::linear(ms(5)).jitter(Jitter::Full))
+        .timeout(Duration::from_secs(120));
+
+    let done = Arc::new(AtomicUsize::new(0));
+    let pauser = tokio::spawn({
+        let (m, done) = (m.clone(), done.clone());
+        async move {
+            let mut round = 0;
+            while done.load(Ordering::SeqCst) < TASKS {
+                let victim = (round * 3) % 5;
+                m.servers[victim].pause();
+                tokio::time::sleep(ms(100)).await;
+                m.servers[victim].resume();
+                tokio::time::sleep(ms(30)).await;
+                round += 1;
+            }
+            round
+        }
+    });
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (m, options) = (m.clone(), options.clone());
+            let (inside, violations, counter, done) = (
+                inside.clone(),
+                violations.clone(),
+                counter.clone(),
+                done.clone(),
+            );
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let lock = m
+                        .redlock
+                        .obtain("shared", ms(2_000), &options)
+                        .await
+                        .unwrap();
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let read = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(read + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    // A release that misses a majority (a paused master) leaves the rest to expire.
+                    let _ = lock.release().await;
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let pauses = pauser.await.unwrap();
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+    assert_eq!(counter.load(Ordering::SeqCst), (TASKS * ROUNDS) as u64);
+    assert!(pauses > 0);
+}
