@@ -222,7 +222,7 @@ where
     }
 
     /// The smallest remaining TTL among the masters that still hold the lock, if a majority
-    /// does.
+    /// does (decided as soon as a majority answered either way).
     pub(crate) async fn pttl(
         &self,
         keys: &[String],
@@ -230,7 +230,7 @@ where
         ttl: Duration,
     ) -> Result<Option<Duration>> {
         let votes = self
-            .vote(ttl, false, |node| async move {
+            .vote(ttl, true, |node| async move {
                 store(node)?.pttl(keys, owner).await
             })
             .await;
