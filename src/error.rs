@@ -144,6 +144,14 @@ impl std::fmt::Display for NodeFailure {
     }
 }
 
+fn describe_slots(keys: &[(String, u16)]) -> String {
+    let parts: Vec<String> = keys
+        .iter()
+        .map(|(key, slot)| format!("{key:?} is in slot {slot}"))
+        .collect();
+    parts.join(", ")
+}
+
 fn describe(failures: &[(usize, NodeFailure)]) -> String {
     let parts: Vec<String> = failures
         .iter()
@@ -235,6 +243,19 @@ pub enum InvalidInput {
     NoFencingKey {
         /// The lock's first key.
         key: String,
+    },
+    /// On a Redis Cluster, every key of one lock (and the fencing counter derived from or
+    /// given for it) must hash to one slot. Give the keys a common hash tag: only the part
+    /// between the first `{` and the next `}` is hashed, so `{user42}:cart` and
+    /// `{user42}:wallet` share a slot.
+    #[error(
+        "invalid input: on a cluster all keys of a lock must hash to one slot, but {}; \
+         give them a common hash tag such as {{user42}}:cart and {{user42}}:wallet",
+        describe_slots(keys)
+    )]
+    CrossSlot {
+        /// Each key with its hash slot.
+        keys: Vec<(String, u16)>,
     },
     /// A Redlock quorum needs at least one master.
     #[error("invalid input: a quorum needs at least one master")]

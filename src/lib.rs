@@ -88,6 +88,8 @@ pub use options::Options;
 pub use quorum::{MIN_NODE_TIMEOUT, QuorumConfig};
 pub use retry::{Backoff, Jitter, Retry, RetryStrategy};
 pub use signal::LostSignal;
+#[cfg(feature = "cluster")]
+pub use slots::slot_number;
 pub use slots::{fencing_key_for, release_channel};
 pub use validate::{MAX_KEYS, MAX_TTL};
 pub use value::parse_value;

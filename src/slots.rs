@@ -46,6 +46,41 @@ pub fn release_channel(key: &str) -> &str {
     key
 }
 
+/// Checks that `keys` and the fencing `counter` all hash to one Redis Cluster slot, with
+/// redis-rs's implementation of Redis's CRC16 and hash-tag rule.
+#[cfg(feature = "cluster")]
+pub(crate) fn check_one_slot(
+    keys: &[String],
+    counter: Option<&str>,
+) -> Result<(), crate::error::InvalidInput> {
+    use redis::cluster_routing::Slot;
+
+    let mut names = keys.iter().map(String::as_str).chain(counter);
+    let Some(first) = names.next() else {
+        return Ok(());
+    };
+    let slot = Slot::for_key(first);
+    if names.all(|name| Slot::for_key(name) == slot) {
+        return Ok(());
+    }
+    let keys = keys.iter().map(String::as_str).chain(counter);
+    Err(crate::error::InvalidInput::CrossSlot {
+        keys: keys.map(|key| (key.to_owned(), slot_number(key))).collect(),
+    })
+}
+
+/// The number of `key`'s slot. redis-rs keeps it private inside `Slot`, so this error-path
+/// helper finds it by comparison rather than re-implementing CRC16.
+#[cfg(feature = "cluster")]
+pub fn slot_number(key: &str) -> u16 {
+    use redis::cluster_routing::Slot;
+
+    let slot = Slot::for_key(key);
+    (0..16_384)
+        .find(|n| Slot::new(*n) == Some(slot))
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +101,30 @@ mod tests {
         assert_eq!(fencing_key_for("x{open").as_deref(), Some("{x{open}:fence"));
         assert_eq!(hash_tag("{x{open}:fence"), Some("x{open"));
         assert_eq!(fencing_key_for("{}x"), None);
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn keys_with_a_common_tag_share_a_slot() {
+        let keys = vec!["{user42}:cart".to_owned(), "{user42}:wallet".to_owned()];
+        assert_eq!(check_one_slot(&keys, Some("{user42}:cart:fence")), Ok(()));
+        let keys = vec!["cart".to_owned(), "wallet".to_owned()];
+        let Err(crate::error::InvalidInput::CrossSlot { keys }) = check_one_slot(&keys, None)
+        else {
+            panic!("cart and wallet hash to different slots");
+        };
+        // Known values (CLUSTER KEYSLOT): the tests against a real cluster check more.
+        assert_eq!(
+            keys,
+            vec![
+                ("cart".to_owned(), slot_number("cart")),
+                ("wallet".to_owned(), slot_number("wallet"))
+            ]
+        );
+        assert_eq!(slot_number("foo"), 12_182);
+        assert_eq!(
+            slot_number("{user1000}.following"),
+            slot_number("{user1000}.followers")
+        );
     }
 }

@@ -33,6 +33,16 @@ pub(crate) struct Store<C> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
+    /// A store on a Redis Cluster: releases are announced with sharded pub/sub (SPUBLISH),
+    /// which stays within the key's shard instead of going to every node.
+    #[cfg(feature = "cluster")]
+    pub(crate) fn new_cluster(conn: C) -> Self {
+        Self {
+            announce: "SPUBLISH",
+            ..Self::new(conn)
+        }
+    }
+
     pub(crate) fn new(conn: C) -> Self {
         Self {
             conn,

@@ -1,6 +1,8 @@
 //! Test support: private redis-servers and connections to them.
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "cluster")]
+pub mod cluster;
 mod server;
 
 use std::time::Duration;

@@ -14,6 +14,8 @@ const STARTUP: Duration = Duration::from_secs(20);
 pub struct RedisServer {
     child: Child,
     port: u16,
+    /// A private working folder (cluster nodes keep their node file there).
+    dir: Option<std::path::PathBuf>,
 }
 
 impl RedisServer {
@@ -51,9 +53,42 @@ impl RedisServer {
         panic!("redis-server did not restart on port {}", self.port);
     }
 
+    /// Starts a Redis Cluster node (cluster mode on, its node file in a private folder), not
+    /// yet part of any cluster.
+    pub fn start_cluster_node() -> Self {
+        for _ in 0..10 {
+            let port = free_port();
+            // The cluster bus listens on port + 10000.
+            if port > 55_000 {
+                continue;
+            }
+            let dir =
+                std::env::temp_dir().join(format!("lockset-node-{}-{port}", std::process::id()));
+            let _ = std::fs::create_dir_all(&dir);
+            let dir = dir.to_string_lossy().into_owned();
+            let cluster = [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--dir",
+                &dir,
+            ];
+            if let Some(server) = Self::try_start_with(port, &cluster) {
+                return server;
+            }
+        }
+        panic!("no cluster node started on any of 10 free ports");
+    }
+
     fn try_start_on(port: u16) -> Option<Self> {
+        Self::try_start_with(port, &[])
+    }
+
+    fn try_start_with(port: u16, extra: &[&str]) -> Option<Self> {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(extra)
             .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -65,7 +100,11 @@ impl RedisServer {
                      `apt-get update && apt-get install -y redis-server`"
                 )
             });
-        let mut server = Self { child, port };
+        let mut server = Self {
+            child,
+            port,
+            dir: None,
+        };
         server.wait_ready().then_some(server)
     }
 
@@ -128,6 +167,9 @@ impl Drop for RedisServer {
                 .stderr(Stdio::null())
                 .status();
             self.stop();
+        }
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }

@@ -1,0 +1,209 @@
+//! The core behaviours on a real three-master Redis Cluster (feature `cluster`).
+#![cfg(feature = "cluster")]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockset::redis::cluster::ClusterClient;
+use lockset::redis::cluster_async::ClusterConnection;
+use lockset::{Client, Error, InvalidInput, Jitter, Options, Retry, slot_number};
+use support::cluster::Cluster;
+use support::ms;
+
+async fn client(cluster: &Cluster) -> Client<ClusterConnection> {
+    let conn = ClusterClient::new(cluster.urls())
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    Client::cluster(conn)
+}
+
+fn total_keys(cluster: &Cluster) -> usize {
+    (0..3)
+        .map(|i| cluster.cli(i, &["DBSIZE"]).trim().parse::<usize>().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn locks_work_on_every_shard() {
+    let cluster = Cluster::start();
+    let client = client(&cluster).await;
+    // Tags that land on different masters.
+    let mut owners = std::collections::BTreeSet::new();
+    for tag in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+        let keys = [format!("{{{tag}}}:x"), format!("{{{tag}}}:y")];
+        owners.insert(cluster.owner_of(cluster.keyslot(&keys[0])));
+        let lock = client
+            .obtain_multi(keys.clone(), ms(10_000), &Options::default())
+            .await
+            .unwrap();
+        assert!(
+            client
+                .obtain(&keys[1], ms(10_000), &Options::default())
+                .await
+                .unwrap_err()
+                .is_not_obtained()
+        );
+        assert!(lock.ttl().await.unwrap().unwrap() > ms(5_000));
+        lock.refresh(ms(30_000), &Options::default()).await.unwrap();
+        lock.release().await.unwrap();
+    }
+    assert_eq!(owners.len(), 3, "the tags should cover every master");
+    assert_eq!(total_keys(&cluster), 0);
+}
+
+#[tokio::test]
+async fn keys_in_different_slots_are_refused_before_sending() {
+    let cluster = Cluster::start();
+    let client = client(&cluster).await;
+    let err = client
+        .obtain_multi(["cart", "wallet"], ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    let Error::InvalidInput(InvalidInput::CrossSlot { keys }) = &err else {
+        panic!("expected a cross-slot error, got {err:?}");
+    };
+    assert_eq!(
+        keys,
+        &vec![
+            ("cart".to_owned(), cluster.keyslot("cart")),
+            ("wallet".to_owned(), cluster.keyslot("wallet")),
+        ]
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("\"cart\"") && message.contains("hash tag"),
+        "{message}"
+    );
+
+    // A fencing counter in another slot is refused the same way.
+    let options = Options::default().fencing_key("counter");
+    let err = client
+        .obtain("{u1}:a", ms(10_000), &options)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::CrossSlot { .. })),
+        "{err:?}"
+    );
+    // The derived counter keeps the slot.
+    let lock = client
+        .obtain("{u1}:a", ms(10_000), &Options::default().fencing())
+        .await
+        .unwrap();
+    assert_eq!(lock.fencing_token(), Some(1));
+    lock.release().await.unwrap();
+    assert_eq!(total_keys(&cluster), 1, "only the fencing counter is left");
+}
+
+#[tokio::test]
+async fn slots_match_what_redis_reports() {
+    let cluster = Cluster::start();
+    for key in [
+        "foo",
+        "bar",
+        "{user42}:cart",
+        "{user42}:wallet",
+        "a{b}c",
+        "{}x",
+        "x{}{y}",
+        "{{a}}",
+        "lock:é",
+    ] {
+        assert_eq!(slot_number(key), cluster.keyslot(key), "{key}");
+    }
+    for i in 0..200 {
+        let key = format!("k{i}:{}", i * 7919);
+        assert_eq!(slot_number(&key), cluster.keyslot(&key), "{key}");
+    }
+}
+
+#[tokio::test]
+async fn a_key_holding_a_hash_is_a_wrong_type_error_on_a_cluster() {
+    let cluster = Cluster::start();
+    let client = client(&cluster).await;
+    let slot = cluster.keyslot("{w}:h");
+    cluster.cli(cluster.owner_of(slot), &["HSET", "{w}:h", "f", "v"]);
+    let err = client
+        .obtain_multi(["{w}:a", "{w}:h"], ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::WrongType { key } if key == "{w}:h"),
+        "{err:?}"
+    );
+    assert_eq!(total_keys(&cluster), 1);
+}
+
+#[tokio::test]
+async fn a_held_lock_survives_the_migration_of_its_slot() {
+    let cluster = Cluster::start();
+    let client = client(&cluster).await;
+    let keys = ["{moving}:a", "{moving}:b"];
+    let lock = client
+        .obtain_multi(keys, ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let slot = cluster.keyslot(keys[0]);
+    let from = cluster.owner_of(slot);
+    let to = (from + 1) % 3;
+    cluster.migrate_slot(slot, from, to);
+    assert_eq!(cluster.owner_of(slot), to);
+
+    // The client follows MOVED to the new owner.
+    assert!(lock.ttl().await.unwrap().unwrap() > ms(30_000));
+    lock.refresh(ms(60_000), &Options::default()).await.unwrap();
+    let err = client
+        .obtain(keys[1], ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    lock.release().await.unwrap();
+    assert_eq!(total_keys(&cluster), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_on_a_cluster_loses_no_update() {
+    let cluster = Cluster::start();
+    let client = client(&cluster).await;
+    let (inside, violations, counter) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let options = Options::default()
+        .retry(Retry::linear(ms(2)).jitter(Jitter::Full))
+        .timeout(Duration::from_secs(60));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (client, options) = (client.clone(), options.clone());
+            let (inside, violations, counter) =
+                (inside.clone(), violations.clone(), counter.clone());
+            tokio::spawn(async move {
+                for _ in 0..50 {
+                    let lock = client
+                        .obtain_multi(["{c}:a", "{c}:b"], ms(30_000), &options)
+                        .await
+                        .unwrap();
+                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                        violations.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let read = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(read + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    lock.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+    assert_eq!(counter.load(Ordering::SeqCst), 16 * 50);
+}

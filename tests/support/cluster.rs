@@ -1,0 +1,126 @@
+//! A private three-master Redis Cluster on loopback, for the cluster tests.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::RedisServer;
+
+/// Three cluster nodes, every slot assigned, stopped when dropped.
+pub struct Cluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl Cluster {
+    /// Starts three nodes, joins them with `redis-cli --cluster create`, and waits until
+    /// every node reports `cluster_state:ok`.
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port()));
+        }
+        let output = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(output.status.success(), "cluster create failed: {output:?}");
+        let cluster = Self { nodes };
+        let start = Instant::now();
+        while !cluster
+            .nodes
+            .iter()
+            .all(|node| cli(node.port(), &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "cluster never became ok"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    /// The nodes' URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// Runs a command on node `i` with redis-cli and returns its raw output.
+    pub fn cli(&self, i: usize, args: &[&str]) -> String {
+        cli(self.nodes[i].port(), args)
+    }
+
+    /// `key`'s slot, as Redis computes it.
+    pub fn keyslot(&self, key: &str) -> u16 {
+        self.cli(0, &["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .expect("slot")
+    }
+
+    /// The index of the node serving `slot`.
+    pub fn owner_of(&self, slot: u16) -> usize {
+        (0..self.nodes.len())
+            .find(|&i| {
+                let nodes = self.cli(i, &["CLUSTER", "NODES"]);
+                let Some(me) = nodes.lines().find(|line| line.contains("myself")) else {
+                    return false;
+                };
+                me.split_whitespace()
+                    .skip(8)
+                    .any(|range| match range.split_once('-') {
+                        Some((lo, hi)) => {
+                            let (lo, hi): (u16, u16) =
+                                (lo.parse().unwrap_or(1), hi.parse().unwrap_or(0));
+                            (lo..=hi).contains(&slot)
+                        }
+                        None => range.parse() == Ok(slot),
+                    })
+            })
+            .expect("some node serves every slot")
+    }
+
+    /// Node `i`'s cluster id.
+    pub fn node_id(&self, i: usize) -> String {
+        self.cli(i, &["CLUSTER", "MYID"]).trim().to_owned()
+    }
+
+    /// Moves `slot` with its keys from node `from` to node `to`, as a resharding does.
+    pub fn migrate_slot(&self, slot: u16, from: usize, to: usize) {
+        let slot_text = slot.to_string();
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        self.cli(
+            to,
+            &["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &from_id],
+        );
+        self.cli(
+            from,
+            &["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &to_id],
+        );
+        loop {
+            let keys = self.cli(from, &["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"]);
+            let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
+            if keys.is_empty() {
+                break;
+            }
+            let port = self.nodes[to].port().to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys);
+            let out = self.cli(from, &args);
+            assert!(out.contains("OK"), "MIGRATE failed: {out}");
+        }
+        for i in 0..self.nodes.len() {
+            self.cli(i, &["CLUSTER", "SETSLOT", &slot_text, "NODE", &to_id]);
+        }
+    }
+}
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
