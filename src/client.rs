@@ -449,7 +449,8 @@ where
                 })
             }
             Ok(Obtain::Held { ttl, key }) => Step::Held(Held { ttl, key }),
-            Err(Error::Redis(err)) if err.is_timeout() => {
+            // No reply: the script may or may not have run.
+            Err(Error::Redis(err)) if err.is_timeout() || err.is_connection_dropped() => {
                 if self.custom.is_none() {
                     self.release_unknown(&owner).await;
                 }

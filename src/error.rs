@@ -39,12 +39,13 @@ pub enum Error {
     #[error(transparent)]
     InvalidInput(#[from] InvalidInput),
 
-    /// Redis did not answer within the connection's response timeout while obtaining.
+    /// Redis did not answer while obtaining: the connection's response timeout passed, or
+    /// the connection dropped before the reply arrived.
     ///
     /// The script may still have run, so the outcome is unknown. Before returning this
     /// error the client released the keys by the attempt's token (best effort, random tokens
     /// only); whatever is left expires with the TTL.
-    #[error("obtain timed out waiting for Redis; the outcome is unknown")]
+    #[error("obtain got no reply from Redis ({0}); the outcome is unknown")]
     UnknownOutcome(#[source] redis::RedisError),
 
     /// Redis returned an error, or the connection failed.
