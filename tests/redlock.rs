@@ -75,18 +75,15 @@ async fn all_masters_up_obtain_refresh_release() {
         .await
         .unwrap();
     let ours = Some(format!("22:{}", lock.token()));
-    // Obtain returns once a majority agreed; the others follow (their requests are queued).
-    let start = Instant::now();
+    // Obtain returns once a majority agreed (the others may still be on their way, or have
+    // been abandoned): a majority holds both keys now.
+    let mut holding = 0;
     for i in 0..5 {
-        while m.get(i, "{r}:b").await != ours {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "master {i} never got it"
-            );
-            tokio::time::sleep(ms(5)).await;
+        if m.get(i, "{r}:a").await == ours && m.get(i, "{r}:b").await == ours {
+            holding += 1;
         }
-        assert_eq!(m.get(i, "{r}:a").await, ours);
     }
+    assert!(holding >= 3, "only {holding} masters hold the lock");
     let valid_for = lock.valid_until() - Instant::now();
     assert!(
         valid_for > ms(5_000) && valid_for < ms(10_000),
