@@ -11,6 +11,10 @@ use crate::store::{Obtain, Store};
 use crate::value::Owner;
 
 /// One server, or a quorum of masters.
+///
+/// A quorum's futures (one per master, plus their bookkeeping) are much larger than a single
+/// server's, so they are boxed: every single-server operation would otherwise carry, and
+/// move, a future sized for a quorum.
 pub(crate) enum Backend<C> {
     Single(Store<C>),
     Quorum(Quorum<C>),
@@ -31,7 +35,7 @@ where
     ) -> Result<Obtain> {
         match self {
             Self::Single(store) => store.obtain(keys, owner, value, ttl_ms, counter).await,
-            Self::Quorum(quorum) => quorum.obtain(keys, owner, value, ttl, ttl_ms).await,
+            Self::Quorum(quorum) => Box::pin(quorum.obtain(keys, owner, value, ttl, ttl_ms)).await,
         }
     }
 
@@ -44,7 +48,7 @@ where
     ) -> Result<Option<Duration>> {
         match self {
             Self::Single(store) => store.pttl(keys, owner).await,
-            Self::Quorum(quorum) => quorum.pttl(keys, owner, ttl).await,
+            Self::Quorum(quorum) => Box::pin(quorum.pttl(keys, owner, ttl)).await,
         }
     }
 
@@ -58,7 +62,7 @@ where
     ) -> Result<bool> {
         match self {
             Self::Single(store) => store.refresh(keys, owner, ttl_ms, None).await,
-            Self::Quorum(quorum) => quorum.refresh(keys, owner, value, ttl, ttl_ms).await,
+            Self::Quorum(quorum) => Box::pin(quorum.refresh(keys, owner, value, ttl, ttl_ms)).await,
         }
     }
 
@@ -71,7 +75,7 @@ where
     ) -> Result<bool> {
         match self {
             Self::Single(store) => store.release(keys, owner).await,
-            Self::Quorum(quorum) => quorum.release(keys, owner, ttl).await,
+            Self::Quorum(quorum) => Box::pin(quorum.release(keys, owner, ttl)).await,
         }
     }
 
@@ -85,7 +89,7 @@ where
         match self {
             Self::Single(store) => store.release_by_eval(keys, owner).await.map(drop),
             Self::Quorum(quorum) => {
-                quorum.release_everywhere(keys, owner, ttl).await;
+                Box::pin(quorum.release_everywhere(keys, owner, ttl)).await;
                 Ok(())
             }
         }
