@@ -4,14 +4,13 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockset::redis::cluster::ClusterClient;
 use lockset::redis::cluster_async::ClusterConnection;
 use lockset::{Client, Error, InvalidInput, Jitter, Options, Retry, slot_number};
 use support::cluster::Cluster;
-use support::ms;
+use support::{Exclusion, ms};
 
 async fn client(cluster: &Cluster) -> Client<ClusterConnection> {
     let conn = ClusterClient::new(cluster.urls())
@@ -170,32 +169,20 @@ async fn a_held_lock_survives_the_migration_of_its_slot() {
 async fn contention_on_a_cluster_loses_no_update() {
     let cluster = Cluster::start();
     let client = client(&cluster).await;
-    let (inside, violations, counter) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(AtomicU64::new(0)),
-    );
+    let shared = Arc::new(Exclusion::default());
     let options = Options::default()
         .retry(Retry::linear(ms(2)).jitter(Jitter::Full))
         .timeout(Duration::from_secs(60));
     let tasks: Vec<_> = (0..16)
         .map(|_| {
-            let (client, options) = (client.clone(), options.clone());
-            let (inside, violations, counter) =
-                (inside.clone(), violations.clone(), counter.clone());
+            let (client, options, shared) = (client.clone(), options.clone(), shared.clone());
             tokio::spawn(async move {
                 for _ in 0..50 {
                     let lock = client
                         .obtain_multi(["{c}:a", "{c}:b"], ms(30_000), &options)
                         .await
                         .unwrap();
-                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                        violations.fetch_add(1, Ordering::SeqCst);
-                    }
-                    let read = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(read + 1, Ordering::SeqCst);
-                    inside.fetch_sub(1, Ordering::SeqCst);
+                    shared.critical_section().await;
                     lock.release().await.unwrap();
                 }
             })
@@ -204,6 +191,5 @@ async fn contention_on_a_cluster_loses_no_update() {
     for task in tasks {
         task.await.unwrap();
     }
-    assert_eq!(violations.load(Ordering::SeqCst), 0);
-    assert_eq!(counter.load(Ordering::SeqCst), 16 * 50);
+    shared.assert_exclusive(16 * 50);
 }

@@ -4,42 +4,18 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockset::{Jitter, Options, Retry};
-use support::{Env, ms};
+use support::{Env, Exclusion, ms};
 
 const TASKS: usize = 32;
 const ROUNDS: usize = 200;
 
-/// State that is only correct if at most one task touches it at a time.
-#[derive(Default)]
-struct Shared {
-    /// Read, then written back incremented after a yield: concurrent holders lose updates.
-    counter: AtomicU64,
-    /// Holders inside the critical section right now.
-    inside: AtomicUsize,
-    /// Times a holder found someone else inside.
-    violations: AtomicUsize,
-}
-
-impl Shared {
-    async fn critical_section(&self) {
-        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
-            self.violations.fetch_add(1, Ordering::SeqCst);
-        }
-        let read = self.counter.load(Ordering::SeqCst);
-        tokio::task::yield_now().await;
-        self.counter.store(read + 1, Ordering::SeqCst);
-        self.inside.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_key_lock_under_contention_loses_no_update() {
     let env = Env::start().await;
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Exclusion::default());
     let options = Options::default()
         .retry(Retry::linear(ms(2)).jitter(Jitter::Full))
         .timeout(Duration::from_secs(120));
@@ -63,11 +39,7 @@ async fn two_key_lock_under_contention_loses_no_update() {
         task.await.unwrap();
     }
 
-    assert_eq!(shared.violations.load(Ordering::SeqCst), 0);
-    assert_eq!(
-        shared.counter.load(Ordering::SeqCst),
-        (TASKS * ROUNDS) as u64
-    );
+    shared.assert_exclusive((TASKS * ROUNDS) as u64);
     assert_eq!(env.dbsize().await, 0);
 }
 
@@ -75,7 +47,7 @@ async fn two_key_lock_under_contention_loses_no_update() {
 async fn overlapping_sets_under_contention_never_share_a_key() {
     let env = Env::start().await;
     // Three counters, each guarded by its own key; each task locks a pair of them.
-    let counters: Arc<[Shared; 3]> = Arc::new(Default::default());
+    let counters: Arc<[Exclusion; 3]> = Arc::new(Default::default());
     let pairs = [[0, 1], [1, 2], [0, 2]];
     let options = Options::default()
         .retry(Retry::linear(ms(2)).jitter(Jitter::Full))
@@ -105,7 +77,6 @@ async fn overlapping_sets_under_contention_never_share_a_key() {
         task.await.unwrap();
     }
     for shared in counters.iter() {
-        assert_eq!(shared.violations.load(Ordering::SeqCst), 0);
-        assert_eq!(shared.counter.load(Ordering::SeqCst), 8 * 50);
+        shared.assert_exclusive(8 * 50);
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use lockset::{Client, Error, Options, Retry};
 use support::proxy::Proxy;
-use support::{RedisServer, connect, ms};
+use support::{RedisServer, connect, eventually, ms};
 use tokio::time::{Instant, timeout};
 
 /// A lock client through `url`, with a short response timeout.
@@ -43,14 +43,7 @@ async fn pttl(server: &RedisServer, key: &str) -> i64 {
 
 /// Waits (bounded) until `key` is gone from `server`.
 async fn until_gone(server: &RedisServer, key: &str, within: Duration) {
-    let start = Instant::now();
-    while pttl(server, key).await != -2 {
-        assert!(
-            start.elapsed() < within,
-            "{key} still there after {within:?}"
-        );
-        tokio::time::sleep(ms(20)).await;
-    }
+    eventually(within, key, async || pttl(server, key).await == -2).await;
 }
 
 #[tokio::test]

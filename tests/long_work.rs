@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use lockset::{Client, Error, Options};
-use support::{Env, ms};
+use support::{Env, eventually, ms};
 use tokio::time::{Instant, timeout};
 
 fn opts() -> Options {
@@ -17,14 +17,8 @@ async fn quiesce<C>(client: &Client<C>)
 where
     C: lockset::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let start = Instant::now();
-    while client.background_tasks() > 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "background tasks never ended"
-        );
-        tokio::time::sleep(ms(5)).await;
-    }
+    let idle = async || client.background_tasks() == 0;
+    eventually(Duration::from_secs(30), "background tasks ended", idle).await;
 }
 
 #[tokio::test]

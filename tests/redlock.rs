@@ -3,14 +3,14 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionManager;
 use lockset::{
     Client, Error, InvalidInput, Jitter, NodeFailure, Options, QuorumConfig, QuorumOp, Retry,
 };
-use support::{RedisServer, ms};
+use support::{Exclusion, RedisServer, ms};
 use tokio::time::Instant;
 
 /// Five private masters, a client for each, and a Redlock client over all of them.
@@ -350,9 +350,7 @@ async fn contention_with_one_master_paused_at_a_time_never_breaks_exclusion() {
     const TASKS: usize = 16;
     const ROUNDS: usize = 100;
     let m = Arc::new(Masters::start(QuorumConfig::default().node_timeout(ms(50))).await);
-    let inside = Arc::new(AtomicUsize::new(0));
-    let violations = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::new(AtomicU64::new(0));
+    let shared = Arc::new(Exclusion::default());
     let options = Options::default()
         .retry(Retry::linear(ms(5)).jitter(Jitter::Full))
         .timeout(Duration::from_secs(120));
@@ -376,12 +374,7 @@ async fn contention_with_one_master_paused_at_a_time_never_breaks_exclusion() {
     let tasks: Vec<_> = (0..TASKS)
         .map(|_| {
             let (m, options) = (m.clone(), options.clone());
-            let (inside, violations, counter, done) = (
-                inside.clone(),
-                violations.clone(),
-                counter.clone(),
-                done.clone(),
-            );
+            let (shared, done) = (shared.clone(), done.clone());
             tokio::spawn(async move {
                 for _ in 0..ROUNDS {
                     let lock = m
@@ -389,13 +382,7 @@ async fn contention_with_one_master_paused_at_a_time_never_breaks_exclusion() {
                         .obtain("shared", ms(2_000), &options)
                         .await
                         .unwrap();
-                    if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                        violations.fetch_add(1, Ordering::SeqCst);
-                    }
-                    let read = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(read + 1, Ordering::SeqCst);
-                    inside.fetch_sub(1, Ordering::SeqCst);
+                    shared.critical_section().await;
                     // A release that misses a majority (a paused master) leaves the rest to expire.
                     let _ = lock.release().await;
                 }
@@ -407,7 +394,6 @@ async fn contention_with_one_master_paused_at_a_time_never_breaks_exclusion() {
         task.await.unwrap();
     }
     let pauses = pauser.await.unwrap();
-    assert_eq!(violations.load(Ordering::SeqCst), 0);
-    assert_eq!(counter.load(Ordering::SeqCst), (TASKS * ROUNDS) as u64);
+    shared.assert_exclusive((TASKS * ROUNDS) as u64);
     assert!(pauses > 0);
 }

@@ -5,20 +5,8 @@ mod support;
 use std::time::Duration;
 
 use lockset::{Options, Retry, release_channel};
-use support::{Env, ms};
+use support::{Env, eventually, ms};
 use tokio::time::{Instant, timeout};
-
-/// Waits (bounded) until `condition` holds.
-async fn eventually(mut condition: impl AsyncFnMut() -> bool) {
-    let start = Instant::now();
-    while !condition().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "condition never held"
-        );
-        tokio::time::sleep(ms(2)).await;
-    }
-}
 
 /// Options whose polling alone would wait a minute between attempts.
 fn slow_polling() -> Options {
@@ -39,7 +27,10 @@ async fn a_release_wakes_the_waiter_long_before_its_next_poll() {
         let client = env.client.clone();
         async move { client.obtain("job", ms(60_000), &slow_polling()).await }
     });
-    eventually(async || env.client.release_channels_watched() == 1).await;
+    eventually(Duration::from_secs(30), "condition", async || {
+        env.client.release_channels_watched() == 1
+    })
+    .await;
     held.release().await.unwrap();
     let lock = timeout(Duration::from_secs(30), waiter)
         .await
@@ -48,7 +39,7 @@ async fn a_release_wakes_the_waiter_long_before_its_next_poll() {
     // Nobody waits any more: the channel is unsubscribed, here and on the server.
     assert_eq!(env.client.release_channels_watched(), 0);
     let channel = release_channel("job");
-    eventually(async || {
+    eventually(Duration::from_secs(30), "condition", async || {
         let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", channel]).await;
         subscribers.1 == 0
     })
@@ -71,7 +62,10 @@ async fn a_release_of_one_key_of_a_set_wakes_the_set_waiter() {
                 .await
         }
     });
-    eventually(async || env.client.release_channels_watched() == 1).await;
+    eventually(Duration::from_secs(30), "condition", async || {
+        env.client.release_channels_watched() == 1
+    })
+    .await;
     held.release().await.unwrap();
     let lock = timeout(Duration::from_secs(30), waiter)
         .await
@@ -121,7 +115,10 @@ async fn one_release_wakes_one_waiter_of_a_client_not_all() {
         })
         .collect();
     // Each waiter tried, subscribed, and tried again: two attempts each.
-    eventually(async || env.calls("set").await - before == 2 * WAITERS).await;
+    eventually(Duration::from_secs(30), "condition", async || {
+        env.calls("set").await - before == 2 * WAITERS
+    })
+    .await;
     held.release().await.unwrap();
     for waiter in waiters {
         timeout(Duration::from_secs(60), waiter)
@@ -173,12 +170,15 @@ async fn killing_the_subscriber_connection_loses_no_waiter_and_no_deadline() {
             (err, start.elapsed())
         }
     });
-    eventually(async || env.client.release_channels_watched() == 1).await;
+    eventually(Duration::from_secs(30), "condition", async || {
+        env.client.release_channels_watched() == 1
+    })
+    .await;
     let killed: i64 = env.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).await;
     assert_eq!(killed, 1);
     // The subscriber reconnects and listens again for the waiters still waiting.
     let channel = release_channel("job");
-    eventually(async || {
+    eventually(Duration::from_secs(30), "condition", async || {
         let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", channel]).await;
         subscribers.1 == 1
     })
@@ -248,7 +248,7 @@ async fn memory_stays_flat_over_100k_waits_on_distinct_keys() {
         after < before + 20 * 1024,
         "resident memory grew from {before} KiB to {after} KiB"
     );
-    eventually(async || {
+    eventually(Duration::from_secs(30), "condition", async || {
         let channels: Vec<String> = env.cmd(&["PUBSUB", "CHANNELS"]).await;
         channels.is_empty()
     })

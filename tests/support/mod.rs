@@ -99,6 +99,47 @@ async fn connect_with(
         .expect("connect")
 }
 
+/// Shared state that is only correct if at most one holder touches it at a time: a
+/// non-atomic read-modify-write of a counter (concurrent holders lose updates) and a count of
+/// holders inside (a second one is a violation).
+#[derive(Default)]
+pub struct Exclusion {
+    counter: std::sync::atomic::AtomicU64,
+    inside: std::sync::atomic::AtomicUsize,
+    violations: std::sync::atomic::AtomicUsize,
+}
+
+impl Exclusion {
+    /// The critical section: call it while holding the lock.
+    pub async fn critical_section(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.inside.fetch_add(1, SeqCst) != 0 {
+            self.violations.fetch_add(1, SeqCst);
+        }
+        let read = self.counter.load(SeqCst);
+        tokio::task::yield_now().await;
+        self.counter.store(read + 1, SeqCst);
+        self.inside.fetch_sub(1, SeqCst);
+    }
+
+    /// Asserts that no two holders overlapped and no update was lost in `sections` sections.
+    pub fn assert_exclusive(&self, sections: u64) {
+        use std::sync::atomic::Ordering::SeqCst;
+        assert_eq!(self.violations.load(SeqCst), 0, "two holders at once");
+        assert_eq!(self.counter.load(SeqCst), sections, "lost updates");
+    }
+}
+
+/// Waits until `condition` holds, checking every few milliseconds; fails the test after
+/// `within` (generous: this is for a loaded machine).
+pub async fn eventually(within: Duration, what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let start = tokio::time::Instant::now();
+    while !condition().await {
+        assert!(start.elapsed() < within, "{what}: not after {within:?}");
+        tokio::time::sleep(ms(2)).await;
+    }
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
