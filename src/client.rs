@@ -22,7 +22,9 @@ use crate::tasks::Tasks;
 use crate::validate;
 use crate::value::Owner;
 
-/// Obtains locks over one Redis server.
+/// Obtains locks: on one Redis server ([`Client::new`], [`Client::connect`]), on a Redis
+/// Cluster (`Client::cluster`, feature `cluster`), or on a Redlock quorum of independent
+/// masters ([`Client::quorum`]), with the same operations on each.
 ///
 /// `Client` wraps any redis-rs async connection: a
 /// [`ConnectionManager`] (recommended: it reconnects after
@@ -88,14 +90,7 @@ impl Client<redis::cluster_async::ClusterConnection> {
     /// # }
     /// ```
     pub fn cluster(conn: redis::cluster_async::ClusterConnection) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                backend: Backend::Single(Store::new_cluster(conn)),
-                cluster: true,
-                tasks: Tasks::default(),
-                events: OnceLock::new(),
-            }),
-        }
+        Self::with_backend(Backend::Single(Store::new_cluster(conn)), true)
     }
 }
 
@@ -116,10 +111,14 @@ where
 {
     /// Wraps a redis-rs async connection. Sends nothing; never fails.
     pub fn new(conn: C) -> Self {
+        Self::with_backend(Backend::Single(Store::new(conn)), false)
+    }
+
+    fn with_backend(backend: Backend<C>, cluster: bool) -> Self {
         Self {
             inner: Arc::new(Inner {
-                backend: Backend::Single(Store::new(conn)),
-                cluster: false,
+                backend,
+                cluster,
                 tasks: Tasks::default(),
                 events: OnceLock::new(),
             }),
@@ -200,14 +199,10 @@ where
         if nodes.iter().any(|node| node.store().is_none()) {
             return Err(InvalidInput::NestedQuorum.into());
         }
-        Ok(Self {
-            inner: Arc::new(Inner {
-                backend: Backend::Quorum(Quorum::new(nodes, config)?),
-                cluster: false,
-                tasks: Tasks::default(),
-                events: OnceLock::new(),
-            }),
-        })
+        Ok(Self::with_backend(
+            Backend::Quorum(Quorum::new(nodes, config)?),
+            false,
+        ))
     }
 
     /// How many background tasks this client and its clones are running now: watchdogs,

@@ -49,8 +49,19 @@
 //!   watchdog; [`Lock::lost_signal`] tells the work when the lock is lost; a [`Guard`]
 //!   releases on drop; a cancelled obtain cleans up after itself; [`Options::fencing`] mints
 //!   fencing tokens. See the README's "Holding a lock for long work".
+//! - **Waiting.** A client from [`Client::connect`] wakes its waiting obtains when a lock is
+//!   released, over one shared pub/sub connection ([`Client::with_release_events`]).
+//! - **Redlock.** [`Client::quorum`] makes one lock over N independent masters, with the same
+//!   API.
 //! - **Cluster.** All keys of one lock must live in one hash slot: give them a common hash
-//!   tag, like `{user42}:cart` and `{user42}:wallet`.
+//!   tag, like `{user42}:cart` and `{user42}:wallet`. With the `cluster` feature,
+//!   `Client::cluster` checks this before sending.
+//!
+//! # Features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `cluster` | `Client::cluster` over redis-rs's `cluster_async::ClusterConnection` (enables `redis/cluster-async`), the cross-slot check, `slot_number` |
 
 // No panics and no printing in the library itself; tests, examples and test support may.
 #![warn(
