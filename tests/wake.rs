@@ -170,19 +170,17 @@ async fn killing_the_subscriber_connection_loses_no_waiter_and_no_deadline() {
             (err, start.elapsed())
         }
     });
-    eventually(Duration::from_secs(30), "condition", async || {
-        env.client.release_channels_watched() == 1
-    })
-    .await;
+    // Wait until the server itself sees the subscription, then kill that connection.
+    let channel = release_channel("job");
+    let subscribed = async || {
+        let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", channel]).await;
+        subscribers.1 == 1
+    };
+    eventually(Duration::from_secs(30), "subscribed", subscribed).await;
     let killed: i64 = env.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).await;
     assert_eq!(killed, 1);
     // The subscriber reconnects and listens again for the waiters still waiting.
-    let channel = release_channel("job");
-    eventually(Duration::from_secs(30), "condition", async || {
-        let subscribers: (String, i64) = env.cmd(&["PUBSUB", "NUMSUB", channel]).await;
-        subscribers.1 == 1
-    })
-    .await;
+    eventually(Duration::from_secs(30), "subscribed again", subscribed).await;
 
     let (err, waited) = impatient.await.unwrap();
     assert!(err.is_deadline_exceeded(), "{err:?}");
