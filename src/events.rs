@@ -18,7 +18,7 @@
 //! are deleted. The announcement that then arrives for that release is not passed on, so
 //! the hand-over wakes one waiter, not two.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -204,6 +204,11 @@ async fn subscriber(
 }
 
 /// Serves one connection until it fails (`Continue`) or the client is gone (`Break`).
+///
+/// Commands are taken in batches and reconciled against what the server has: for every
+/// channel a batch touches, subscribe when waiters want it and the server does not have it,
+/// unsubscribe in the opposite case. One SUBSCRIBE and one UNSUBSCRIBE per batch, however
+/// fast waiters come and go, so the queue cannot grow faster than it drains.
 async fn serve(
     connection: redis::aio::PubSub,
     channels: &Mutex<Channels>,
@@ -213,28 +218,26 @@ async fn serve(
 
     let (mut sink, mut stream) = connection.split();
     // Subscriptions from before a reconnect.
-    let wanted: Vec<String> = lock(channels).keys().cloned().collect();
-    if !wanted.is_empty() && sink.subscribe(&wanted).await.is_err() {
+    let mut subscribed: HashSet<String> = lock(channels).keys().cloned().collect();
+    if !subscribed.is_empty()
+        && sink
+            .subscribe(subscribed.iter().collect::<Vec<_>>())
+            .await
+            .is_err()
+    {
         return Continue(());
     }
+    let mut batch = Vec::new();
     loop {
         tokio::select! {
-            command = commands.recv() => match command {
-                None => return Break(()),
-                Some(Command::Subscribe(channel, confirmed)) => {
-                    let done = sink.subscribe(&channel).await.is_ok();
-                    let _ = confirmed.send(done);
-                    if !done {
-                        return Continue(());
-                    }
+            received = commands.recv_many(&mut batch, BATCH) => {
+                if received == 0 {
+                    return Break(());
                 }
-                Some(Command::Unsubscribe(channel)) => {
-                    let wanted_again = lock(channels).contains_key(&channel);
-                    if !wanted_again && sink.unsubscribe(&channel).await.is_err() {
-                        return Continue(());
-                    }
+                if !reconcile(&mut batch, channels, &mut subscribed, &mut sink).await {
+                    return Continue(());
                 }
-            },
+            }
             message = stream.next() => match message {
                 None => return Continue(()),
                 Some(message) => {
@@ -249,6 +252,60 @@ async fn serve(
             },
         }
     }
+}
+
+/// Most commands taken at once.
+const BATCH: usize = 1024;
+
+/// Brings the server's subscriptions in line with the waiters for every channel in
+/// `batch`, then confirms the batch's subscriptions. False when the connection failed.
+async fn reconcile(
+    batch: &mut Vec<Command>,
+    channels: &Mutex<Channels>,
+    subscribed: &mut HashSet<String>,
+    sink: &mut redis::aio::PubSubSink,
+) -> bool {
+    let mut touched = HashSet::new();
+    let mut confirmations = Vec::new();
+    for command in batch.drain(..) {
+        match command {
+            Command::Subscribe(channel, confirmed) => {
+                touched.insert(channel);
+                confirmations.push(confirmed);
+            }
+            Command::Unsubscribe(channel) => {
+                touched.insert(channel);
+            }
+        }
+    }
+    let (mut add, mut remove) = (Vec::new(), Vec::new());
+    {
+        let wanted = lock(channels);
+        for channel in touched {
+            match (wanted.contains_key(&channel), subscribed.contains(&channel)) {
+                (true, false) => add.push(channel),
+                (false, true) => remove.push(channel),
+                _ => {}
+            }
+        }
+    }
+    let mut ok = true;
+    if !remove.is_empty() {
+        ok = sink.unsubscribe(&remove).await.is_ok();
+        for channel in &remove {
+            subscribed.remove(channel);
+        }
+    }
+    if ok && !add.is_empty() {
+        ok = sink.subscribe(&add).await.is_ok();
+        if ok {
+            subscribed.extend(add);
+        }
+    }
+    for confirmed in confirmations {
+        let _ = confirmed.send(ok);
+    }
+    ok
 }
 
 /// While disconnected: answer subscriptions with "not confirmed" for `pause`.
