@@ -57,12 +57,14 @@ where
         &self,
         keys: &[String],
         owner: &Owner,
-        value: &str,
+        metadata: &str,
         (ttl, ttl_ms): (Duration, u64),
     ) -> Result<bool> {
         match self {
             Self::Single(store) => store.refresh(keys, owner, ttl_ms, None).await,
-            Self::Quorum(quorum) => Box::pin(quorum.refresh(keys, owner, value, ttl, ttl_ms)).await,
+            Self::Quorum(quorum) => {
+                Box::pin(quorum.refresh(keys, owner, metadata, ttl, ttl_ms)).await
+            }
         }
     }
 

@@ -200,9 +200,8 @@ where
     pub(crate) async fn refresh_once(&self, ttl: Duration, ttl_ms: u64) -> Result<bool> {
         let sent = Instant::now();
         let backend = self.client.backend();
-        let value = self.owner.value(&self.metadata);
         let refreshed = backend
-            .refresh(&self.keys, &self.owner, &value, (ttl, ttl_ms))
+            .refresh(&self.keys, &self.owner, &self.metadata, (ttl, ttl_ms))
             .await?;
         if refreshed {
             let valid_for = ttl.saturating_sub(backend.drift(ttl));

@@ -198,17 +198,19 @@ where
         }
     }
 
-    /// Tries once to extend the lock on a majority; missing keys are re-created (a master
-    /// that restarted empty). `Ok(false)` when a majority says the lock is not held.
+    /// Tries once to extend the lock on a majority; missing keys are re-created with the
+    /// lock's value (a master that restarted empty). `Ok(false)` when a majority says the
+    /// lock is not held.
     pub(crate) async fn refresh(
         &self,
         keys: &[String],
         owner: &Owner,
-        value: &str,
+        metadata: &str,
         ttl: Duration,
         ttl_ms: u64,
     ) -> Result<bool> {
         let start = Instant::now();
+        let value = &*owner.value(metadata);
         let votes = self
             .vote(ttl, true, |node| async move {
                 let refreshed = store(node)?
