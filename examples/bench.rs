@@ -284,7 +284,7 @@ async fn main() {
         .expect("connect");
     let bench = Arc::new(Bench {
         raw: conn.clone(),
-        lockset: Client::new(conn).with_release_events(client),
+        lockset: Client::new(conn).with_release_events(client).unwrap(),
         release: Script::new(RAW_RELEASE),
     });
 

@@ -5,16 +5,23 @@
 -- ARGV[2]  the full value to store: owner tag followed by the caller's metadata
 -- ARGV[3]  time to live in milliseconds
 -- ARGV[4]  "1" when the last key is a fencing counter to increment on success
+-- ARGV[5]  "1" when the caller waits for a held key: mark the holder's value with a leading
+--          "!" so that its release announces itself (see release.lua)
 --
--- Reply: {1}            every key is now ours, with a fresh TTL and the new value
---        {1, fence}     the same, with the counter's new value
---        {0, pttl, i}   KEYS[i] is held by another owner, for pttl more ms (-1: no expiry)
---        {2, key}       key holds a value of the wrong type; nothing was changed
+-- Reply: {1, fence, preheld}  every key is ours, with the counter's new value (false without
+--                             fencing); preheld counts the keys this owner already held
+--        {0, pttl, i}         KEYS[i] is held by another owner, for pttl more ms (-1: no expiry)
+--        {2, key}             key holds a value of the wrong type
+--        an error reply       any other error (a counter that is not an integer, OOM, ...)
+-- Whenever the reply is not {1, ...}, nothing was changed (but for the waiter's mark).
 --
--- Keys are visited one by one instead of unpack()-ing KEYS, which overflows Lua's C stack
--- at a few thousand keys. The owner tag carries the token's length, so a prefix match on it
--- is an exact token match: no token can pass for another that merely starts with it.
+-- A key this owner already holds (a re-obtain by token) keeps the longer of its remaining TTL
+-- and the new one: a re-obtain never shortens what an earlier obtain by the same token was
+-- told. Keys are visited one by one instead of unpack()-ing KEYS, which overflows Lua's C
+-- stack at a few thousand keys. The owner tag carries the token's length, so a prefix match on
+-- it is an exact token match: no token can pass for another that merely starts with it.
 local owner, value, ttl = ARGV[1], ARGV[2], ARGV[3]
+local mark_holder = ARGV[5] == '1'
 local n = #owner
 local count = #KEYS
 local counter = nil
@@ -23,26 +30,95 @@ if ARGV[4] == '1' then
   count = count - 1
 end
 
-for i = 1, count do
-  local current = redis.pcall('GET', KEYS[i])
-  if type(current) == 'table' then
-    return {2, KEYS[i]}
-  end
-  if current and current ~= owner and string.sub(current, 1, n) ~= owner then
-    return {0, redis.call('PTTL', KEYS[i]), i}
+-- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
+local function owned(current)
+  return current == value or string.sub(current, 1, n) == owner
+    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)
+end
+
+local fresh = {}   -- keys this call created, undone when it fails
+local mine = {}    -- {index, current value} of keys this owner already held
+local function undo()
+  for j = 1, #fresh do
+    redis.call('DEL', KEYS[fresh[j]])
   end
 end
 
--- Mint before writing: an error here (a counter that is not an integer) changes nothing.
-local fence = nil
+local function failed(err, key)
+  undo()
+  if string.sub(err.err, 1, 9) == 'WRONGTYPE' then
+    return {2, key}
+  end
+  return err
+end
+
+local function held_by_another(i, current)
+  undo()
+  if mark_holder and string.byte(current, 1) ~= 33 then
+    redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
+  end
+  return {0, redis.call('PTTL', KEYS[i]), i}
+end
+
+if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+  -- Try the all-free case first: one command per key sets it or returns its holder's value.
+  for i = 1, count do
+    local current = redis.pcall('SET', KEYS[i], value, 'NX', 'PX', ttl, 'GET')
+    if not current then
+      fresh[#fresh + 1] = i
+    elseif type(current) == 'table' then
+      return failed(current, KEYS[i])
+    elseif owned(current) then
+      mine[#mine + 1] = {i, current}
+    else
+      return held_by_another(i, current)
+    end
+  end
+else
+  -- Before Redis 7, SET cannot return the old value: look at every key, then write.
+  local free = {}
+  for i = 1, count do
+    local current = redis.pcall('GET', KEYS[i])
+    if type(current) == 'table' then
+      return failed(current, KEYS[i])
+    elseif not current then
+      free[#free + 1] = i
+    elseif owned(current) then
+      mine[#mine + 1] = {i, current}
+    else
+      return held_by_another(i, current)
+    end
+  end
+  for j = 1, #free do
+    local done = redis.pcall('SET', KEYS[free[j]], value, 'PX', ttl)
+    if type(done) == 'table' then
+      return failed(done, KEYS[free[j]])
+    end
+    fresh[#fresh + 1] = free[j]
+  end
+end
+
+local fence = false
 if counter then
   fence = redis.pcall('INCR', counter)
   if type(fence) == 'table' then
-    return {2, counter}
+    return failed(fence, counter)
   end
 end
 
-for i = 1, count do
-  redis.call('SET', KEYS[i], value, 'PX', ttl)
+-- Keys already ours: new value (keeping a waiter's mark), never a shorter TTL.
+local wanted = tonumber(ttl)
+for j = 1, #mine do
+  local i, current = mine[j][1], mine[j][2]
+  local stored = value
+  if string.byte(current, 1) == 33 then
+    stored = '!' .. value
+  end
+  local left = redis.call('PTTL', KEYS[i])
+  if left >= 0 and left < wanted then
+    redis.call('SET', KEYS[i], stored, 'PX', ttl)
+  else
+    redis.call('SET', KEYS[i], stored, 'KEEPTTL')
+  end
 end
-return {1, fence}
+return {1, fence, #mine}

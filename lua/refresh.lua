@@ -1,26 +1,38 @@
 -- Extends every key of a lock, only if every key is still held by the owner.
 --
 -- ARGV[1]  owner tag: "<token length>:<token>"
--- ARGV[2]  new time to live in milliseconds
--- ARGV[3]  optional (Redlock): the lock's value, to re-create keys that are missing because
---          this master restarted empty. A key held by another owner still fails the refresh.
+-- ARGV[2]  the lock's value: owner tag followed by its metadata
+-- ARGV[3]  new time to live in milliseconds
+-- ARGV[4]  optional (Redlock, once a majority still holds the lock): re-create missing keys
+--          with the lock's value, on a master that restarted empty
 --
--- Reply: 1 when every key was extended, 0 when the lock is not held (nothing changed).
-local owner, ttl, restore = ARGV[1], ARGV[2], ARGV[3]
+-- Reply: 1  every key was extended (or re-created)
+--        2  no key is another owner's, but some are missing; nothing changed
+--        0  some key holds another owner's value, or another type; nothing changed
+local owner, value, ttl, restore = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 local n = #owner
 
+-- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
+local function owned(current)
+  return current == value or (type(current) == 'string' and (string.sub(current, 1, n) == owner
+    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
+end
+
+local missing = false
 for i = 1, #KEYS do
   local current = redis.pcall('GET', KEYS[i])
-  -- Most values are the bare tag (no metadata): compare whole strings before slicing.
-  if current ~= owner and (type(current) ~= 'string' or string.sub(current, 1, n) ~= owner) then
-    if current or not restore then
-      return 0
-    end
+  if not current then
+    missing = true
+  elseif not owned(current) then
+    return 0
   end
+end
+if missing and not restore then
+  return 2
 end
 
 for i = 1, #KEYS do
-  if not (restore and redis.call('SET', KEYS[i], restore, 'PX', ttl, 'NX')) then
+  if not (missing and redis.call('SET', KEYS[i], value, 'PX', ttl, 'NX')) then
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
 end

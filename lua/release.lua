@@ -1,27 +1,51 @@
--- Deletes every key of a lock, only if every key is still held by the owner, and announces
+-- Deletes every key of a lock, only if every key is still held by the owner, then announces
 -- the release so that waiters can try at once instead of polling.
 --
 -- ARGV[1]  owner tag: "<token length>:<token>"
--- ARGV[2]  optional: "PUBLISH" or "SPUBLISH", to announce each key on its release channel
+-- ARGV[2]  the lock's value: owner tag followed by its metadata
+-- ARGV[3]  "PUBLISH", "SPUBLISH", or empty for no announcement
+-- ARGV[4]  the announcement's payload
 --
--- Reply: 1 when the keys were deleted, 0 when the lock is not held (nothing changed).
-local owner, publish = ARGV[1], ARGV[2]
+-- Reply: 1 when every key was deleted, 0 when the lock is not held (nothing changed).
+--
+-- All or nothing: every key is checked before any is deleted, and every key is deleted before
+-- anything is announced. Announcing is best effort (redis.pcall): a user without channel
+-- rights (Redis 7's default `acl-pubsub-default resetchannels`) or a server without the
+-- command still releases every key. Keys are read and deleted in chunks, one command each.
+local owner, value, announce, payload = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local n = #owner
+local count = #KEYS
+local CHUNK = 1000
 
-for i = 1, #KEYS do
-  local current = redis.pcall('GET', KEYS[i])
-  -- Most values are the bare tag (no metadata): compare whole strings before slicing.
-  if current ~= owner and (type(current) ~= 'string' or string.sub(current, 1, n) ~= owner) then
-    return 0
+-- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
+local function owned(current)
+  return current == value or (type(current) == 'string' and (string.sub(current, 1, n) == owner
+    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
+end
+
+for first = 1, count, CHUNK do
+  local last = math.min(first + CHUNK - 1, count)
+  local values = redis.call('MGET', unpack(KEYS, first, last))
+  for j = 1, last - first + 1 do
+    if not owned(values[j]) then
+      return 0
+    end
   end
 end
 
-for i = 1, #KEYS do
-  redis.call('DEL', KEYS[i])
-  if publish then
-    -- A key's release channel is named like the key (a separate namespace), which keeps
-    -- it in the key's cluster slot for sharded pub/sub at no cost.
-    redis.call(publish, KEYS[i], '')
+for first = 1, count, CHUNK do
+  redis.call('DEL', unpack(KEYS, first, math.min(first + CHUNK - 1, count)))
+end
+
+-- Redis before 7.0 has no sharded pub/sub: a cluster's waiters listen with SUBSCRIBE there.
+if announce == 'SPUBLISH' and (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
+  announce = 'PUBLISH'
+end
+if announce ~= '' then
+  -- A key's release channel is named like the key (a separate namespace), which keeps it in
+  -- the key's cluster slot for sharded pub/sub at no cost.
+  for i = 1, count do
+    redis.pcall(announce, KEYS[i], payload)
   end
 end
 return 1

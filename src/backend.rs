@@ -1,14 +1,15 @@
 //! Where locks live: one Redis server, or a Redlock quorum of N masters. The policy layer
 //! (retries, deadlines, waiting, watchdog, clean-up) is written once over this enum.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
 use crate::error::Result;
-use crate::quorum::Quorum;
-use crate::store::{Obtain, Store};
-use crate::value::Owner;
+use crate::quorum::{Quorum, Stragglers};
+use crate::request::Claim;
+use crate::store::{Obtain, Refresh, Store};
 
 /// One server, or a quorum of masters.
 ///
@@ -16,7 +17,7 @@ use crate::value::Owner;
 /// server's, so they are boxed: every single-server operation would otherwise carry, and
 /// move, a future sized for a quorum.
 pub(crate) enum Backend<C> {
-    Single(Store<C>),
+    Single(Arc<Store<C>>),
     Quorum(Quorum<C>),
 }
 
@@ -24,74 +25,54 @@ impl<C> Backend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Tries once to lock `keys`; see [`Store::obtain`] and [`Quorum::obtain`].
+    /// Tries once to lock the claim's keys; see [`Store::obtain`] and [`Quorum::obtain`].
+    /// `random`: the claim's token was made for this attempt (no earlier lock can have it).
     pub(crate) async fn obtain(
         &self,
-        keys: &[String],
-        owner: &Owner,
-        value: &str,
-        (ttl, ttl_ms): (Duration, u64),
-        counter: Option<&str>,
-    ) -> Result<Obtain> {
+        claim: &Claim<'_>,
+        random: bool,
+        mark_holder: bool,
+    ) -> (Result<Obtain>, Stragglers) {
         match self {
-            Self::Single(store) => store.obtain(keys, owner, value, ttl_ms, counter).await,
-            Self::Quorum(quorum) => Box::pin(quorum.obtain(keys, owner, value, ttl, ttl_ms)).await,
+            Self::Single(store) => (store.obtain(claim, mark_holder).await, Vec::new()),
+            Self::Quorum(quorum) => Box::pin(quorum.obtain(claim, random)).await,
         }
     }
 
     /// The lock's remaining TTL, `None` when not held.
-    pub(crate) async fn pttl(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<Option<Duration>> {
+    pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Option<Duration>> {
         match self {
-            Self::Single(store) => store.pttl(keys, owner).await,
-            Self::Quorum(quorum) => Box::pin(quorum.pttl(keys, owner, ttl)).await,
+            Self::Single(store) => store.pttl(claim).await,
+            Self::Quorum(quorum) => Box::pin(quorum.pttl(claim)).await,
         }
     }
 
     /// Tries once to extend the lock; false when it is not held.
-    pub(crate) async fn refresh(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        metadata: &str,
-        (ttl, ttl_ms): (Duration, u64),
-    ) -> Result<bool> {
+    pub(crate) async fn refresh(&self, claim: &Claim<'_>) -> (Result<bool>, Stragglers) {
         match self {
-            Self::Single(store) => store.refresh(keys, owner, ttl_ms, None).await,
-            Self::Quorum(quorum) => {
-                Box::pin(quorum.refresh(keys, owner, metadata, ttl, ttl_ms)).await
+            Self::Single(store) => {
+                let refreshed = store.refresh(claim, false).await;
+                (refreshed.map(|r| r == Refresh::Extended), Vec::new())
             }
+            Self::Quorum(quorum) => Box::pin(quorum.refresh(claim)).await,
         }
     }
 
-    /// Releases the lock; false when it was not held.
-    pub(crate) async fn release(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<bool> {
+    /// Releases the lock, announcing it with `payload` when given; false when it was not
+    /// held.
+    pub(crate) async fn release(&self, claim: &Claim<'_>, payload: Option<&str>) -> Result<bool> {
         match self {
-            Self::Single(store) => store.release(keys, owner).await,
-            Self::Quorum(quorum) => Box::pin(quorum.release(keys, owner, ttl)).await,
+            Self::Single(store) => store.release(claim, payload).await,
+            Self::Quorum(quorum) => Box::pin(quorum.release(claim, payload)).await,
         }
     }
 
-    /// Best-effort release after an obtain with an unknown outcome.
-    pub(crate) async fn clean_up(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<()> {
+    /// Best-effort release after an obtain whose caller went away or got no reply.
+    pub(crate) async fn clean_up(&self, claim: &Claim<'_>) -> Result<()> {
         match self {
-            Self::Single(store) => store.release_by_eval(keys, owner).await.map(drop),
+            Self::Single(store) => store.release_by_eval(claim).await.map(drop),
             Self::Quorum(quorum) => {
-                Box::pin(quorum.release_everywhere(keys, owner, ttl)).await;
+                Box::pin(quorum.release_everywhere(claim)).await;
                 Ok(())
             }
         }

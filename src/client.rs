@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -12,10 +13,12 @@ use tokio::time::Instant;
 use crate::backend::Backend;
 use crate::error::{Error, InvalidInput, Result};
 use crate::events::Events;
+use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
 use crate::options::Options;
 use crate::policy::{self, Held, Step, Waiter};
-use crate::quorum::{Quorum, QuorumConfig};
+use crate::quorum::{Quorum, QuorumConfig, Stragglers};
+use crate::request::{Claim, Ttl};
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
 use crate::tasks::Tasks;
@@ -56,7 +59,14 @@ struct Inner<C> {
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     cluster: bool,
     tasks: Tasks,
+    /// Release events this client's waiters listen to.
     events: OnceLock<Events>,
+    /// Whether waiters listen to `events` ([`Client::without_release_events`] turns it off).
+    listen: AtomicBool,
+    /// Whether releases are announced.
+    announce: AtomicBool,
+    /// The server's address, when known (to refuse one server twice in a quorum).
+    address: OnceLock<String>,
 }
 
 impl<C> Clone for Client<C> {
@@ -90,7 +100,8 @@ impl Client<redis::cluster_async::ClusterConnection> {
     /// # }
     /// ```
     pub fn cluster(conn: redis::cluster_async::ClusterConnection) -> Self {
-        Self::with_backend(Backend::Single(Store::new_cluster(conn)), true)
+        let store = Arc::new(Store::new_cluster(conn));
+        Self::with_backend(Backend::Single(store), true, Tasks::default())
     }
 }
 
@@ -101,7 +112,7 @@ impl Client<ConnectionManager> {
     pub async fn connect(url: &str) -> Result<Self> {
         let client = redis::Client::open(url)?;
         let conn = ConnectionManager::new(client.clone()).await?;
-        Ok(Self::new(conn).with_release_events(client))
+        Self::new(conn).with_release_events(client)
     }
 }
 
@@ -111,16 +122,20 @@ where
 {
     /// Wraps a redis-rs async connection. Sends nothing; never fails.
     pub fn new(conn: C) -> Self {
-        Self::with_backend(Backend::Single(Store::new(conn)), false)
+        let store = Arc::new(Store::new(conn));
+        Self::with_backend(Backend::Single(store), false, Tasks::default())
     }
 
-    fn with_backend(backend: Backend<C>, cluster: bool) -> Self {
+    fn with_backend(backend: Backend<C>, cluster: bool, tasks: Tasks) -> Self {
         Self {
             inner: Arc::new(Inner {
                 backend,
                 cluster,
-                tasks: Tasks::default(),
+                tasks,
                 events: OnceLock::new(),
+                listen: AtomicBool::new(true),
+                announce: AtomicBool::new(true),
+                address: OnceLock::new(),
             }),
         }
     }
@@ -141,16 +156,42 @@ where
     /// [`Client::connect`] turns this on; with [`Client::new`] it is off (a generic
     /// connection cannot open a second one). It applies to this client and all its clones;
     /// once on, later calls change nothing.
-    #[must_use]
-    pub fn with_release_events(self, client: redis::Client) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::ReleaseEventsNeedOneServer`] on a Redlock quorum (its waiters listen
+    /// through each master's own client) or a cluster client.
+    pub fn with_release_events(self, client: redis::Client) -> Result<Self> {
+        if self.inner.cluster || self.backend().is_quorum() {
+            return Err(InvalidInput::ReleaseEventsNeedOneServer.into());
+        }
+        let _ = self
+            .inner
+            .address
+            .set(client.get_connection_info().addr().to_string());
         let _ = self.inner.events.set(Events::new(client));
+        Ok(self)
+    }
+
+    /// Turns release events off for this client and all its clones: its releases announce
+    /// nothing, and its waiters only poll per their retry strategy.
+    ///
+    /// Use it for a Redis user without channel rights (Redis 7's default
+    /// `acl-pubsub-default resetchannels` forbids every channel; releases still delete every
+    /// key, only the announcement is skipped), or to spare a busy server the pub/sub
+    /// traffic: one message per released key that somebody waits for. Waiters in other
+    /// clients then learn of this client's releases only by polling.
+    #[must_use]
+    pub fn without_release_events(self) -> Self {
+        self.inner.listen.store(false, Ordering::Relaxed);
+        self.inner.announce.store(false, Ordering::Relaxed);
         self
     }
 
     /// How many release channels this client's waiters listen on right now (zero when
     /// nobody waits).
     pub fn release_channels_watched(&self) -> usize {
-        self.inner.events.get().map_or(0, Events::channels)
+        self.events().map_or(0, Events::channels)
     }
 
     /// A Redlock client: one lock over the independent masters behind `nodes` (single-server
@@ -177,7 +218,12 @@ where
     /// # Errors
     ///
     /// [`InvalidInput::NoNodes`] without masters, [`InvalidInput::DriftFactor`] for a drift
-    /// factor outside [0, 1), [`InvalidInput::NestedQuorum`] when a node is itself a quorum.
+    /// factor outside [0, 1), [`InvalidInput::ZeroNodeTimeout`] for a zero per-node time
+    /// limit, [`InvalidInput::NestedQuorum`] when a node is itself a quorum, and
+    /// [`InvalidInput::DuplicateNode`] when two nodes are one server: the same client (or a
+    /// clone of it), or clients made by [`Client::connect`] or
+    /// [`Client::with_release_events`] for the same address. (A client made by
+    /// [`Client::new`] alone has no known address; only clones of it are recognised.)
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockset::Error> {
@@ -196,13 +242,35 @@ where
     /// ```
     pub fn quorum(nodes: impl IntoIterator<Item = Self>, config: QuorumConfig) -> Result<Self> {
         let nodes: Vec<Self> = nodes.into_iter().collect();
-        if nodes.iter().any(|node| node.store().is_none()) {
-            return Err(InvalidInput::NestedQuorum.into());
+        let mut stores = Vec::with_capacity(nodes.len());
+        for (index, node) in nodes.iter().enumerate() {
+            let Backend::Single(store) = node.backend() else {
+                return Err(InvalidInput::NestedQuorum.into());
+            };
+            if let Some(twin) = nodes[..index].iter().find(|other| node.same_server(other)) {
+                return Err(InvalidInput::DuplicateNode {
+                    address: twin.address().unwrap_or("<unknown>").to_owned(),
+                }
+                .into());
+            }
+            stores.push(store.clone());
         }
-        Ok(Self::with_backend(
-            Backend::Quorum(Quorum::new(nodes, config)?),
-            false,
-        ))
+        let tasks = Tasks::default();
+        let quorum = Quorum::new(stores, config, tasks.clone())?;
+        Ok(Self::with_backend(Backend::Quorum(quorum), false, tasks))
+    }
+
+    /// Whether two single-server clients talk to the same server, as far as is known.
+    fn same_server(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+            || self
+                .address()
+                .is_some_and(|mine| other.address() == Some(mine))
+    }
+
+    /// The server's address, when known.
+    fn address(&self) -> Option<&str> {
+        self.inner.address.get().map(String::as_str)
     }
 
     /// How many background tasks this client and its clones are running now: watchdogs,
@@ -227,18 +295,23 @@ where
     /// [`Error::Redis`] for other Redis failures.
     pub async fn obtain(
         &self,
-        key: impl Into<String>,
+        key: impl IntoKey,
         ttl: Duration,
         options: &Options,
     ) -> Result<Lock<C>> {
-        self.obtain_keys(vec![key.into()], ttl, options).await
+        self.obtain_keys(vec![key.into_key()], ttl, options).await
     }
 
     /// Locks every key of `keys` for `ttl`, all or nothing: either every key is locked or
     /// none is touched.
     ///
+    /// `keys` may be any collection or iterator of string-like keys (see [`IntoKey`]):
+    /// `["a", "b"]`, `&["a", "b"]`, `&vec_of_strings`, `vec_of_strings`, `&[String]`, an
+    /// iterator of `&str` or `String`.
+    ///
     /// Retries and errors as [`Client::obtain`]; additionally rejects an empty set,
-    /// duplicate keys and more than [`MAX_KEYS`](crate::MAX_KEYS) keys before sending.
+    /// duplicate keys, more than [`MAX_KEYS`](crate::MAX_KEYS) keys, and a fencing counter
+    /// that is one of the keys, before sending.
     pub async fn obtain_multi<I>(
         &self,
         keys: I,
@@ -247,9 +320,9 @@ where
     ) -> Result<Lock<C>>
     where
         I: IntoIterator,
-        I::Item: Into<String>,
+        I::Item: IntoKey,
     {
-        let keys = keys.into_iter().map(Into::into).collect();
+        let keys = keys.into_iter().map(IntoKey::into_key).collect();
         self.obtain_keys(keys, ttl, options).await
     }
 
@@ -292,7 +365,7 @@ where
     ) -> Result<T>
     where
         I: IntoIterator,
-        I::Item: Into<String>,
+        I::Item: IntoKey,
         F: FnOnce(LostSignal) -> Fut,
         Fut: Future<Output = T>,
     {
@@ -316,7 +389,7 @@ where
     ) -> Result<Lock<C>> {
         let start = Instant::now();
         validate::keys(&keys)?;
-        let ttl_ms = validate::ttl_millis(ttl)?;
+        let ttl = Ttl::new(ttl)?;
         let custom = options.token.as_deref().map(Owner::custom).transpose()?;
         let counter = self.fencing_counter(&keys, options)?;
         #[cfg(feature = "cluster")]
@@ -328,20 +401,21 @@ where
             keys: &keys,
             custom: custom.as_ref(),
             metadata: &options.metadata,
-            ttl: (ttl, ttl_ms),
+            ttl,
             counter: counter.as_deref(),
         };
-        let deadline = options.deadline_from(start, ttl);
-        let mut waiter = Waiter::for_keys(self.inner.events.get(), &keys);
+        let deadline = options.deadline_from(start, ttl.duration);
+        let mut waiter = Waiter::for_keys(self.events(), &keys);
         let won = policy::run(&options.retry, deadline, &mut waiter, || attempt.run()).await?;
         let obtained = Obtained {
             keys,
             owner: won.owner,
             metadata: options.metadata.clone(),
             ttl,
-            ttl_ms,
             fence: won.fence,
+            sent: won.sent,
             valid_until: won.valid_until,
+            stragglers: won.stragglers,
         };
         Ok(Lock::new(self.clone(), obtained))
     }
@@ -358,6 +432,10 @@ where
         let counter = fencing
             .counter_key(first)
             .ok_or_else(|| InvalidInput::NoFencingKey { key: first.clone() })?;
+        // The lock would overwrite its own counter, and its release delete it.
+        if keys.contains(&counter) {
+            return Err(InvalidInput::FencingKeyIsLocked { key: counter }.into());
+        }
         Ok(Some(counter))
     }
 
@@ -369,16 +447,17 @@ where
         &self.inner.tasks
     }
 
+    /// The release events this client's waiters listen to, unless turned off.
     pub(crate) fn events(&self) -> Option<&Events> {
+        if !self.inner.listen.load(Ordering::Relaxed) {
+            return None;
+        }
         self.inner.events.get()
     }
 
-    /// The store of a single-server client (each master of a quorum is one).
-    pub(crate) fn store(&self) -> Option<&Store<C>> {
-        match &self.inner.backend {
-            Backend::Single(store) => Some(store),
-            Backend::Quorum(_) => None,
-        }
+    /// Whether this client's releases announce themselves.
+    pub(crate) fn announces(&self) -> bool {
+        self.inner.announce.load(Ordering::Relaxed)
     }
 }
 
@@ -389,7 +468,7 @@ struct Attempt<'a, C> {
     /// The caller's token; `None` for a fresh random token per attempt.
     custom: Option<&'a Owner>,
     metadata: &'a str,
-    ttl: (Duration, u64),
+    ttl: Ttl,
     counter: Option<&'a str>,
 }
 
@@ -397,7 +476,9 @@ struct Attempt<'a, C> {
 struct Won {
     owner: Owner,
     fence: Option<u64>,
+    sent: Instant,
     valid_until: Instant,
+    stragglers: Stragglers,
 }
 
 impl<C> Attempt<'_, C>
@@ -419,35 +500,40 @@ where
             None => Cow::Owned(Owner::random()),
         };
         let value = owner.value(self.metadata);
+        let claim = Claim {
+            keys: self.keys,
+            owner: &owner,
+            value: &value,
+            ttl: self.ttl,
+            counter: self.counter,
+        };
+        let random = self.custom.is_none();
         let sent = Instant::now();
         let mut cleanup = CleanupOnDrop {
-            attempt: self.custom.is_none().then_some((self, &*owner)),
+            attempt: random.then_some((self.client, &claim)),
         };
-        let outcome = self
-            .client
-            .backend()
-            .obtain(self.keys, &owner, &value, self.ttl, self.counter)
-            .await;
+        let (outcome, stragglers) = self.client.backend().obtain(&claim, random, false).await;
         // Settled: no clean-up on drop from here on.
         cleanup.attempt = None;
         drop(cleanup);
         match outcome {
-            Ok(Obtain::Obtained { fence }) => {
-                let (ttl, _) = self.ttl;
+            Ok(Obtain::Obtained { fence, .. }) => {
+                let ttl = self.ttl.duration;
                 let valid_for = ttl.saturating_sub(self.client.backend().drift(ttl));
                 let valid_until = sent.checked_add(valid_for).unwrap_or(sent);
-                let owner = owner.into_owned();
                 Step::Done(Won {
-                    owner,
+                    owner: owner.into_owned(),
                     fence,
+                    sent,
                     valid_until,
+                    stragglers,
                 })
             }
             Ok(Obtain::Held { ttl, key }) => Step::Held(Held { ttl, key }),
             // No reply: the script may or may not have run.
             Err(Error::Redis(err)) if err.is_timeout() || err.is_connection_dropped() => {
-                if self.custom.is_none() {
-                    self.release_unknown(&owner).await;
+                if random {
+                    self.release_unknown(&claim).await;
                 }
                 Step::from_error(Error::UnknownOutcome(err))
             }
@@ -456,9 +542,8 @@ where
     }
 
     /// Best-effort release after an obtain whose outcome is unknown.
-    async fn release_unknown(&self, owner: &Owner) {
-        let backend = self.client.backend();
-        match backend.clean_up(self.keys, owner, self.ttl.0).await {
+    async fn release_unknown(&self, claim: &Claim<'_>) {
+        match self.client.backend().clean_up(claim).await {
             Ok(()) => tracing::debug!("cleaned up after an obtain timed out"),
             Err(err) => tracing::warn!(
                 %err,
@@ -473,7 +558,7 @@ struct CleanupOnDrop<'a, 'b, C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    attempt: Option<(&'b Attempt<'a, C>, &'b Owner)>,
+    attempt: Option<(&'a Client<C>, &'a Claim<'b>)>,
 }
 
 impl<C> Drop for CleanupOnDrop<'_, '_, C>
@@ -481,18 +566,14 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn drop(&mut self) {
-        let Some((attempt, owner)) = self.attempt else {
+        let Some((client, claim)) = self.attempt else {
             return;
         };
-        let (client, keys, owner, ttl) = (
-            attempt.client.clone(),
-            attempt.keys.to_vec(),
-            owner.clone(),
-            attempt.ttl.0,
-        );
+        let (client, claim) = (client.clone(), claim.to_shared());
+        let tasks = client.tasks().clone();
         // Sent on the same connection after the obtain, so it runs after it.
-        let spawned = attempt.client.tasks().spawn(async move {
-            if let Err(err) = client.backend().clean_up(&keys, &owner, ttl).await {
+        let spawned = tasks.spawn(async move {
+            if let Err(err) = client.backend().clean_up(&claim.claim()).await {
                 tracing::warn!(%err, "clean-up after a cancelled obtain failed; the keys expire with their TTL");
             }
         });

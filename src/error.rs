@@ -4,8 +4,17 @@ use std::time::Duration;
 
 /// What went wrong with a lock operation.
 ///
-/// Match on the variants you care about; the helper methods group the ones that mean the
-/// same thing to most callers (see [`Error::is_not_obtained`]).
+/// Match on the variants you care about; three helper methods group the ones that mean the
+/// same thing to most callers, by what a caller does next:
+///
+/// | helper | meaning | what to do |
+/// |---|---|---|
+/// | [`Error::is_not_obtained`] | somebody else holds the lock (on a quorum: on some master) | try later |
+/// | [`Error::is_not_held`] | the lock is not ours any more | stop the work it protects |
+/// | [`Error::is_unavailable`] | Redis could not be reached, or did not answer in time | alert, retry, or fail over |
+///
+/// At most one of them is true. Invalid input, a wrong-typed key and other Redis errors
+/// (for example a fencing counter that is not an integer) answer none of them.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -53,8 +62,12 @@ pub enum Error {
     Redis(#[from] redis::RedisError),
 
     /// A Redlock operation did not reach a majority of the masters (see
-    /// [`Client::quorum`](crate::Client::quorum)). [`Error::is_not_obtained`] is true for a
-    /// failed obtain or refresh, [`Error::is_not_held`] for a failed release.
+    /// [`Client::quorum`](crate::Client::quorum)).
+    ///
+    /// When some master refused (the lock is another owner's there, or not ours),
+    /// [`Error::is_not_obtained`] is true for an obtain or refresh and [`Error::is_not_held`]
+    /// for a release or TTL query. When masters only failed or timed out,
+    /// [`Error::is_unavailable`] is true instead: nothing is known about the lock.
     #[error("{op}: {succeeded} of {nodes} masters agreed, {needed} needed{}: {}",
         if *expired { " but the validity ran out" } else { "" },
         describe(failures))]
@@ -84,6 +97,8 @@ pub enum QuorumOp {
     Refresh,
     /// Release.
     Release,
+    /// A TTL query.
+    Ttl,
 }
 
 impl std::fmt::Display for QuorumOp {
@@ -92,6 +107,7 @@ impl std::fmt::Display for QuorumOp {
             Self::Obtain => "obtain",
             Self::Refresh => "refresh",
             Self::Release => "release",
+            Self::Ttl => "ttl",
         })
     }
 }
@@ -109,6 +125,8 @@ pub enum NodeFailure {
     WrongType(String),
     /// A Redis or connection error.
     Redis(redis::RedisError),
+    /// No tokio runtime to run the master's part on.
+    NoRuntime,
 }
 
 impl NodeFailure {
@@ -117,6 +135,11 @@ impl NodeFailure {
             Self::WrongType(key) => Some(key),
             _ => None,
         }
+    }
+
+    /// The master answered that the lock is someone else's, or not ours.
+    fn is_refusal(&self) -> bool {
+        matches!(self, Self::Refused)
     }
 }
 
@@ -141,6 +164,7 @@ impl std::fmt::Display for NodeFailure {
             Self::TimedOut(limit) => write!(f, "no answer within {limit:?}"),
             Self::WrongType(key) => write!(f, "key {key:?} holds a non-string value"),
             Self::Redis(err) => write!(f, "{err}"),
+            Self::NoRuntime => f.write_str("no tokio runtime"),
         }
     }
 }
@@ -163,17 +187,22 @@ fn describe(failures: &[(usize, NodeFailure)]) -> String {
 
 impl Error {
     /// True when the lock was not obtained because somebody else holds it, whether the
-    /// retry strategy or the deadline ended the wait.
+    /// retry strategy or the deadline ended the wait; on a quorum, when some master refused
+    /// an obtain or refresh, or a majority agreed too late (the validity ran out).
     pub fn is_not_obtained(&self) -> bool {
-        matches!(
-            self,
-            Self::NotObtained
-                | Self::DeadlineExceeded
-                | Self::Quorum {
-                    op: QuorumOp::Obtain | QuorumOp::Refresh,
-                    ..
-                }
-        )
+        match self {
+            Self::NotObtained | Self::DeadlineExceeded => true,
+            Self::Quorum {
+                op,
+                failures,
+                expired,
+                ..
+            } => {
+                matches!(op, QuorumOp::Obtain | QuorumOp::Refresh)
+                    && (refused(failures) || *expired)
+            }
+            _ => false,
+        }
     }
 
     /// True when obtain gave up because its deadline passed.
@@ -181,17 +210,45 @@ impl Error {
         matches!(self, Self::DeadlineExceeded)
     }
 
-    /// True when the lock is no longer ours ([`Error::NotHeld`]).
+    /// True when the lock is no longer ours ([`Error::NotHeld`]); on a quorum, when some
+    /// master refused a release or TTL query.
     pub fn is_not_held(&self) -> bool {
-        matches!(
-            self,
-            Self::NotHeld
-                | Self::Quorum {
-                    op: QuorumOp::Release,
-                    ..
-                }
-        )
+        match self {
+            Self::NotHeld => true,
+            Self::Quorum { op, failures, .. } => {
+                matches!(op, QuorumOp::Release | QuorumOp::Ttl) && refused(failures)
+            }
+            _ => false,
+        }
     }
+
+    /// True when Redis could not be reached or did not answer in time: a connection error,
+    /// a timeout, an unknown outcome, or a quorum that missed its majority only because
+    /// masters failed or timed out (none refused, and not for lack of time). Nothing is known
+    /// about the lock then.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::UnknownOutcome(_) => true,
+            Self::Redis(err) => is_unreachable(err),
+            Self::Quorum {
+                failures, expired, ..
+            } => !refused(failures) && !expired,
+            _ => false,
+        }
+    }
+}
+
+/// Whether any master refused.
+fn refused(failures: &[(usize, NodeFailure)]) -> bool {
+    failures.iter().any(|(_, failure)| failure.is_refusal())
+}
+
+/// Errors of the connection, not of the command: nothing reached Redis, or no answer came.
+pub(crate) fn is_unreachable(err: &redis::RedisError) -> bool {
+    err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_io_error()
 }
 
 /// Input rejected before anything was sent to Redis.
@@ -270,6 +327,30 @@ pub enum InvalidInput {
     /// A node of a Redlock quorum must be a single-server client.
     #[error("invalid input: a quorum's nodes must be single-server clients")]
     NestedQuorum,
+    /// The fencing counter is one of the lock's own keys: the lock would overwrite it, and
+    /// its release delete it, so tokens would start over.
+    #[error("invalid input: the fencing counter {key:?} is one of the lock's keys")]
+    FencingKeyIsLocked {
+        /// The counter key.
+        key: String,
+    },
+    /// Two nodes of a Redlock quorum are the same server: a majority would count it twice.
+    #[error(
+        "invalid input: a quorum's masters must be distinct servers, but {address} appears twice"
+    )]
+    DuplicateNode {
+        /// The server's address (`<unknown>` for two clones of a client without one).
+        address: String,
+    },
+    /// A Redlock quorum's per-node time limit is zero: no master could ever answer.
+    #[error("invalid input: a quorum's node timeout must not be zero")]
+    ZeroNodeTimeout,
+    /// Release events are listened to over one server's pub/sub connection: on a Redlock
+    /// quorum each master's own client listens (make them with
+    /// [`Client::connect`](crate::Client::connect)), and a cluster client is not a single
+    /// server.
+    #[error("invalid input: release events need a single-server client")]
+    ReleaseEventsNeedOneServer,
     /// Fencing tokens need one counter; a Redlock quorum has one per master, which do not
     /// agree. Redlock gives no fencing guarantee on its own.
     #[error("invalid input: fencing tokens are not available with a Redlock quorum")]

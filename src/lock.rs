@@ -14,9 +14,10 @@ use crate::events::after_queueing;
 use crate::guard::Guard;
 use crate::options::Options;
 use crate::policy::{self, Step, Waiter};
+use crate::quorum::Stragglers;
+use crate::request::{Claim, Ttl};
 use crate::signal::LostSignal;
 use crate::slots::release_channel;
-use crate::validate;
 use crate::value::Owner;
 
 /// A lock on one or more keys, returned by [`Client::obtain`](crate::Client::obtain) and
@@ -31,30 +32,57 @@ pub struct Lock<C> {
     keys: Vec<String>,
     owner: Owner,
     metadata: String,
-    ttl: Duration,
-    ttl_ms: u64,
+    ttl: Ttl,
     fence: Option<u64>,
     validity: Mutex<Validity>,
+    /// Redlock: per-master work still finishing after an obtain or refresh was decided.
+    stragglers: Mutex<Stragglers>,
 }
 
-/// Until when the lock is known to be valid: when the last successful obtain or refresh was
-/// sent, plus its TTL; "now" once the lock is known lost or released. The channel behind
-/// [`LostSignal`]s is only made when the first signal is asked for: most locks never need
-/// one, and it costs an allocation and wake-ups on every release.
+/// Until when the lock is known to be valid.
+///
+/// It follows the last successful obtain or refresh, ordered by when each was *sent* (its TTL
+/// counts from then; the keys expire no earlier on the server), also when that makes it
+/// shorter. It only ever shrinks otherwise: a refresh with an unknown outcome may have run
+/// with its TTL, and a TTL query may learn that the keys live shorter. Once the lock is known
+/// lost or released, it is over for good: nothing moves it forward again.
+///
+/// The channel behind [`LostSignal`]s is only made when the first signal is asked for: most
+/// locks never need one, and it costs an allocation and wake-ups on every release.
 struct Validity {
     until: Instant,
+    /// When the operation that set `until` was sent.
+    basis: Instant,
+    lost: bool,
     signal: Option<watch::Sender<Instant>>,
 }
 
 impl Validity {
-    /// Sets `until` when `update` says so, and tells any signal.
-    fn update(&mut self, update: impl FnOnce(Instant) -> Option<Instant>) {
-        if let Some(until) = update(self.until) {
-            self.until = until;
-            if let Some(signal) = &self.signal {
-                signal.send_replace(until);
-            }
+    fn set(&mut self, until: Instant) {
+        self.until = until;
+        if let Some(signal) = &self.signal {
+            signal.send_replace(until);
         }
+    }
+
+    /// A successful obtain or refresh sent at `sent` made the lock valid until `until`.
+    fn confirmed(&mut self, sent: Instant, until: Instant) {
+        if !self.lost && sent > self.basis {
+            self.basis = sent;
+            self.set(until);
+        }
+    }
+
+    /// The lock may not be valid beyond `until`.
+    fn at_most(&mut self, until: Instant) {
+        if until < self.until {
+            self.set(until);
+        }
+    }
+
+    fn lost(&mut self) {
+        self.lost = true;
+        self.at_most(Instant::now());
     }
 }
 
@@ -63,11 +91,13 @@ pub(crate) struct Obtained {
     pub(crate) keys: Vec<String>,
     pub(crate) owner: Owner,
     pub(crate) metadata: String,
-    pub(crate) ttl: Duration,
-    pub(crate) ttl_ms: u64,
+    pub(crate) ttl: Ttl,
     pub(crate) fence: Option<u64>,
-    /// When the successful attempt was sent, plus the TTL, less any drift allowance.
+    /// When the successful attempt was sent.
+    pub(crate) sent: Instant,
+    /// `sent` plus the TTL, less any drift allowance.
     pub(crate) valid_until: Instant,
+    pub(crate) stragglers: Stragglers,
 }
 
 impl<C> Lock<C>
@@ -75,19 +105,20 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     pub(crate) fn new(client: Client<C>, obtained: Obtained) -> Self {
-        let valid_until = obtained.valid_until;
         Self {
             client,
             keys: obtained.keys,
             owner: obtained.owner,
             metadata: obtained.metadata,
             ttl: obtained.ttl,
-            ttl_ms: obtained.ttl_ms,
             fence: obtained.fence,
             validity: Mutex::new(Validity {
-                until: valid_until,
+                until: obtained.valid_until,
+                basis: obtained.sent,
+                lost: false,
                 signal: None,
             }),
+            stragglers: Mutex::new(obtained.stragglers),
         }
     }
 
@@ -125,10 +156,14 @@ where
         self.fence
     }
 
-    /// Until when the lock is known to be valid, by the local monotonic clock: the moment
-    /// the last successful obtain or refresh was *sent*, plus its TTL (the keys expire no
-    /// earlier on the server). Once the lock is known to be lost, or released, this is in
-    /// the past.
+    /// Until when the lock is known to be valid, by the local monotonic clock.
+    ///
+    /// It is the moment the last successful obtain or refresh was *sent*, plus its TTL (less
+    /// Redlock's drift allowance): the keys expire no earlier on the server. A refresh to a
+    /// shorter TTL makes it shorter. It never claims more than is known: a refresh whose
+    /// outcome is unknown (no reply) counts as if it ran, when that would end the lock
+    /// sooner, and a [`Lock::ttl`] query that finds the keys expiring sooner shortens it.
+    /// Once the lock is known lost, or released, this is in the past for good.
     pub fn valid_until(&self) -> Instant {
         self.validity().until
     }
@@ -150,27 +185,83 @@ where
         self.validity.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The remaining time of the lock: the smallest remaining TTL across its keys.
-    ///
-    /// `Ok(None)` means the lock is not held any more (a key expired or now belongs to
-    /// someone else). A lock whose keys someone made persistent reports `Duration::MAX`.
-    /// A Redlock lock reports what is left of its validity, if a majority still holds it.
-    pub async fn ttl(&self) -> Result<Option<Duration>> {
-        let backend = self.client.backend();
-        let mut left = backend.pttl(&self.keys, &self.owner, self.ttl).await?;
-        if backend.is_quorum() {
-            let validity = self.valid_until().saturating_duration_since(Instant::now());
-            left = left
-                .map(|left| left.min(validity))
-                .filter(|left| !left.is_zero());
+    /// What this lock claims, with its TTL (or a new one, for a refresh).
+    fn claim<'a>(&'a self, value: &'a str, ttl: Ttl) -> Claim<'a> {
+        Claim {
+            keys: &self.keys,
+            owner: &self.owner,
+            value,
+            ttl,
+            counter: None,
         }
-        if left.is_none() {
-            self.mark_lost();
-        }
-        Ok(left)
     }
 
-    /// Extends every key of the lock to `ttl`, only if every key is still ours.
+    /// Keeps Redlock's per-master work still running after a decision, so that release can
+    /// wait for it: a late obtain or restore must not land after the keys were deleted.
+    fn keep(&self, stragglers: Stragglers) {
+        if !stragglers.is_empty() {
+            let mut kept = self
+                .stragglers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            kept.retain(|task| !task.is_finished());
+            kept.extend(stragglers);
+        }
+    }
+
+    /// Waits for every per-master task kept by [`Lock::keep`].
+    async fn settle(&self) {
+        let tasks = std::mem::take(
+            &mut *self
+                .stragglers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for task in tasks {
+            // A task that panicked has nothing left to finish.
+            let _ = task.await;
+        }
+    }
+
+    /// The moment `sent` plus `ttl`, less the backend's drift allowance.
+    fn valid_for(&self, sent: Instant, ttl: Duration) -> Instant {
+        let valid_for = ttl.saturating_sub(self.client.backend().drift(ttl));
+        sent.checked_add(valid_for).unwrap_or(sent)
+    }
+
+    /// The remaining time of the lock: the smallest remaining TTL across its keys, capped
+    /// by what is left of its validity ([`Lock::valid_until`]).
+    ///
+    /// `Ok(None)` means the lock is not held any more: a key expired or now belongs to
+    /// someone else, or its validity ran out. A Redlock lock is held while a majority of
+    /// masters hold it; masters that do not answer say nothing, and make this an error
+    /// ([`Error::Quorum`]) that leaves the validity alone.
+    pub async fn ttl(&self) -> Result<Option<Duration>> {
+        let sent = Instant::now();
+        let value = self.owner.value(&self.metadata);
+        let claim = self.claim(&value, self.ttl);
+        let Some(left) = self.client.backend().pttl(&claim).await? else {
+            self.mark_lost();
+            return Ok(None);
+        };
+        if left != Duration::MAX {
+            // The keys live at least `left` from when the query was sent.
+            let until = self.valid_for(sent, left);
+            self.validity().at_most(until);
+        }
+        let remaining = self.valid_until().saturating_duration_since(Instant::now());
+        if remaining.is_zero() {
+            self.mark_lost();
+            return Ok(None);
+        }
+        Ok(Some(left.min(remaining)))
+    }
+
+    /// Extends every key of the lock to `ttl`, only if every key is still ours. The
+    /// validity then counts from when this refresh was sent: a shorter TTL shortens it.
+    ///
+    /// A lock whose validity has run out is not refreshed (nothing is sent): it may have
+    /// been someone else's in between.
     ///
     /// # Errors
     ///
@@ -179,14 +270,14 @@ where
     /// (by default the new TTL); [`Error::InvalidInput`] for a bad TTL.
     pub async fn refresh(&self, ttl: Duration, options: &Options) -> Result<()> {
         let start = Instant::now();
-        let ttl_ms = validate::ttl_millis(ttl)?;
-        let deadline = options.deadline_from(start, ttl);
+        let ttl = Ttl::new(ttl)?;
+        let deadline = options.deadline_from(start, ttl.duration);
         policy::run(
             &options.retry,
             deadline,
             &mut Waiter::sleeping(),
             || async move {
-                match self.refresh_once(ttl, ttl_ms).await {
+                match self.refresh_once(ttl).await {
                     Ok(true) => Step::Done(()),
                     Ok(false) => Step::Stop(Error::NotObtained),
                     Err(err) => Step::from_error(err),
@@ -197,22 +288,24 @@ where
     }
 
     /// One refresh attempt; keeps the validity up to date.
-    pub(crate) async fn refresh_once(&self, ttl: Duration, ttl_ms: u64) -> Result<bool> {
+    pub(crate) async fn refresh_once(&self, ttl: Ttl) -> Result<bool> {
         let sent = Instant::now();
-        let backend = self.client.backend();
-        let refreshed = backend
-            .refresh(&self.keys, &self.owner, &self.metadata, (ttl, ttl_ms))
-            .await?;
-        if refreshed {
-            let valid_for = ttl.saturating_sub(backend.drift(ttl));
-            let valid_until = sent.checked_add(valid_for).unwrap_or(sent);
-            // Never move validity backwards (an older refresh finishing late).
-            self.validity()
-                .update(|current| (valid_until > current).then_some(valid_until));
-        } else {
+        if self.valid_until() <= sent {
             self.mark_lost();
+            return Ok(false);
         }
-        Ok(refreshed)
+        let value = self.owner.value(&self.metadata);
+        let claim = self.claim(&value, ttl);
+        let (refreshed, stragglers) = self.client.backend().refresh(&claim).await;
+        self.keep(stragglers);
+        let until = self.valid_for(sent, ttl.duration);
+        match &refreshed {
+            Ok(true) => self.validity().confirmed(sent, until),
+            Ok(false) => self.mark_lost(),
+            // It may have run (on some masters): the keys may live only until `until`.
+            Err(_) => self.validity().at_most(until),
+        }
+        refreshed
     }
 
     /// Releases the lock: deletes every key, only if every key is still ours.
@@ -227,10 +320,11 @@ where
 
     pub(crate) async fn release_keys(&self) -> Result<()> {
         self.mark_lost();
-        let release = self
-            .client
-            .backend()
-            .release(&self.keys, &self.owner, self.ttl);
+        self.settle().await;
+        let value = self.owner.value(&self.metadata);
+        let claim = self.claim(&value, self.ttl);
+        let payload = self.client.announces().then_some("");
+        let release = self.client.backend().release(&claim, payload);
         let released = match self.client.events() {
             // Waiters of this client: hand over as soon as the release is on its way.
             Some(events) if events.channels() > 0 => {
@@ -257,25 +351,27 @@ where
     /// Turns the lock into a [`Guard`] whose watchdog refreshes it every third of its TTL
     /// until the guard is released or dropped.
     pub fn keep_alive(self) -> Guard<C> {
-        let every = self.ttl / 3;
+        let every = self.ttl.duration / 3;
         self.keep_alive_every(every)
     }
 
     /// Like [`Lock::keep_alive`], refreshing every `interval`, clamped to between 1 ms and
     /// half the TTL (so that a failed refresh can be retried before the lock expires).
     pub fn keep_alive_every(self, interval: Duration) -> Guard<C> {
-        let interval = interval.min(self.ttl / 2).max(Duration::from_millis(1));
+        let interval = interval
+            .min(self.ttl.duration / 2)
+            .max(Duration::from_millis(1));
         Guard::new(self, Some(interval))
     }
 
     /// Refreshes once with the TTL the lock was obtained with (for the watchdog).
     pub(crate) async fn refresh_with_own_ttl(&self) -> Result<bool> {
-        self.refresh_once(self.ttl, self.ttl_ms).await
+        self.refresh_once(self.ttl).await
     }
 
     /// The TTL the lock was obtained with.
     pub(crate) fn obtained_ttl(&self) -> Duration {
-        self.ttl
+        self.ttl.duration
     }
 
     pub(crate) fn client(&self) -> &Client<C> {
@@ -283,9 +379,7 @@ where
     }
 
     fn mark_lost(&self) {
-        let now = Instant::now();
-        self.validity()
-            .update(|current| (now < current).then_some(now));
+        self.validity().lost();
     }
 }
 
@@ -295,7 +389,7 @@ impl<C> fmt::Debug for Lock<C> {
             .field("keys", &self.keys)
             .field("token", &"<redacted>")
             .field("metadata", &self.metadata)
-            .field("ttl", &self.ttl)
+            .field("ttl", &self.ttl.duration)
             .field("fencing_token", &self.fence)
             .finish_non_exhaustive()
     }

@@ -1,24 +1,39 @@
 //! Redlock: one lock over N independent Redis masters, held while a majority holds it.
 //!
-//! Every operation goes to all masters at once, each bounded by a per-node time limit, and
-//! returns as soon as the outcome is decided (a majority for, or a majority against): the
-//! slowest node is never waited for. An obtain counts only if a majority locked the whole
-//! key set **and** the validity `ttl − elapsed − drift` is still positive; otherwise it
-//! releases on every master, including those that failed or timed out.
+//! Every operation goes to all masters at once, each bounded by a per-node time limit, and is
+//! decided as soon as the outcome is known (a majority for, or too many against): the slowest
+//! master is never waited for. The decision does not abandon the others: each master's work
+//! runs in a background task of its own that finishes it (within the per-node limit), so that
+//! every master that is up ends up with the lock, or with the refresh.
+//!
+//! - **Obtain** counts only if a majority locked the whole key set **and** the validity
+//!   `ttl − elapsed − drift` is still positive. Otherwise it is undone on every master once
+//!   that master's attempt has finished, and the caller waits for the undoing: a late
+//!   clean-up can then never delete a later attempt's lock. An attempt with the caller's own
+//!   token undoes only masters where it created every key: keys that token already held
+//!   before the call are never deleted (they may belong to an outer lock by the same token).
+//! - **Refresh** extends keys that every master still holds. A master that lost the keys
+//!   (restarted empty) gets them back only after a majority confirmed that it still *holds*
+//!   the lock: a lock that expired everywhere is never brought back.
+//! - **TTL** reports the lock lost only when a majority says so; masters that do not answer
+//!   are not evidence of anything, and make it an error.
 
 use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
-use tokio::time::Instant;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout};
 
-use crate::client::Client;
 use crate::error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
-use crate::store::{Obtain, Store};
-use crate::value::Owner;
+use crate::request::{Claim, OwnedClaim};
+use crate::store::{Obtain, Refresh, Store};
+use crate::tasks::Tasks;
 
 /// Settings of a Redlock quorum ([`Client::quorum`](crate::Client::quorum)).
 ///
@@ -46,8 +61,8 @@ impl Default for QuorumConfig {
 }
 
 impl QuorumConfig {
-    /// How long one master may take to answer one operation. Defaults to 5% of the lock's
-    /// TTL (as redsync), at least [`MIN_NODE_TIMEOUT`].
+    /// How long one master may take to answer one operation. Must not be zero. Defaults to
+    /// 5% of the lock's TTL (as redsync), at least [`MIN_NODE_TIMEOUT`].
     #[must_use]
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = Some(timeout);
@@ -69,10 +84,14 @@ pub const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(10);
 /// The fixed part of the drift allowance.
 const DRIFT_BASE: Duration = Duration::from_millis(2);
 
-/// N independent masters, each reached through its own [`Client`].
+/// Background tasks that finish an operation's work on slow masters after its decision.
+pub(crate) type Stragglers = Vec<JoinHandle<()>>;
+
+/// N independent masters.
 pub(crate) struct Quorum<C> {
-    nodes: Vec<Client<C>>,
+    nodes: Vec<Arc<Store<C>>>,
     config: QuorumConfig,
+    tasks: Tasks,
 }
 
 /// How one master answered.
@@ -83,11 +102,23 @@ enum Vote<T> {
     Failed(NodeFailure),
 }
 
+/// An operation's outcome, as its per-master tasks learn it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    Pending,
+    Success,
+    Failure,
+}
+
 impl<C> Quorum<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    pub(crate) fn new(nodes: Vec<Client<C>>, config: QuorumConfig) -> Result<Self> {
+    pub(crate) fn new(
+        nodes: Vec<Arc<Store<C>>>,
+        config: QuorumConfig,
+        tasks: Tasks,
+    ) -> Result<Self> {
         if nodes.is_empty() {
             return Err(InvalidInput::NoNodes.into());
         }
@@ -95,7 +126,14 @@ where
         if !factor.is_finite() || !(0.0..1.0).contains(&factor) {
             return Err(InvalidInput::DriftFactor { factor }.into());
         }
-        Ok(Self { nodes, config })
+        if config.node_timeout == Some(Duration::ZERO) {
+            return Err(InvalidInput::ZeroNodeTimeout.into());
+        }
+        Ok(Self {
+            nodes,
+            config,
+            tasks,
+        })
     }
 
     /// How many masters make a majority.
@@ -122,32 +160,189 @@ where
             .unwrap_or_else(|| ttl.mul_f64(0.05).max(MIN_NODE_TIMEOUT))
     }
 
-    /// Runs `op` on every master at once, each within the per-node limit. With `early`,
-    /// returns as soon as a majority said yes or too many said no to reach one; masters still
-    /// working then are abandoned (their requests stay queued in order on their connection).
-    async fn vote<'a, T, F, Fut>(
+    /// Tries once to lock the claim's keys on a majority within the validity budget. An
+    /// attempt with a fresh random token (`random`) is undone everywhere on failure; one with
+    /// the caller's token only where it created every key.
+    pub(crate) async fn obtain(
+        &self,
+        claim: &Claim<'_>,
+        random: bool,
+    ) -> (Result<Obtain>, Stragglers) {
+        let start = Instant::now();
+        let limit = self.node_timeout(claim.ttl.duration);
+        let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
+            let claim = claim.claim();
+            let (vote, undo) = match timeout(limit, store.obtain(&claim, false)).await {
+                Ok(Ok(Obtain::Obtained { preheld, .. })) => (Vote::Yes(()), random || !preheld),
+                // Nothing was written there.
+                Ok(Ok(Obtain::Held { .. })) => (Vote::Refused, false),
+                Ok(Err(err)) => (Vote::Failed(NodeFailure::from(err)), random),
+                Err(_) => (Vote::Failed(NodeFailure::TimedOut(limit)), random),
+            };
+            let _ = votes.send(vote);
+            // A caller that went away (cancelled) will not use the lock: undo it too.
+            if undo && verdict.wait().await != Verdict::Success {
+                let _ = timeout(limit, store.release_by_eval(&claim)).await;
+            }
+        });
+        let (votes, mut decide) = ballot.count(self.majority()).await;
+        let valid = self.still_valid(start, claim.ttl.duration);
+        let verdict = self.verdict(QuorumOp::Obtain, votes, valid);
+        let success = matches!(verdict, Ok(true));
+        let stragglers = decide(success);
+        let outcome = verdict.map(|obtained| match obtained {
+            true => Obtain::Obtained {
+                fence: None,
+                preheld: false,
+            },
+            false => Obtain::Held { ttl: None, key: 0 },
+        });
+        if success {
+            (outcome, stragglers)
+        } else {
+            // Wait for the undoing, so that none of it lands after the next attempt.
+            futures_util::future::join_all(stragglers).await;
+            (outcome, Vec::new())
+        }
+    }
+
+    /// Tries once to extend the lock on a majority. `Ok(false)` when a majority says the
+    /// lock is not held there. Masters that lost the keys get them back once a majority
+    /// confirmed it still holds the lock.
+    pub(crate) async fn refresh(&self, claim: &Claim<'_>) -> (Result<bool>, Stragglers) {
+        let start = Instant::now();
+        let limit = self.node_timeout(claim.ttl.duration);
+        let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
+            let claim = claim.claim();
+            let answer = timeout(limit, store.refresh(&claim, false)).await;
+            let missing = matches!(answer, Ok(Ok(Refresh::Missing)));
+            let vote = match answer {
+                Ok(Ok(Refresh::Extended)) => Vote::Yes(()),
+                Ok(Ok(Refresh::Missing | Refresh::NotHeld)) => Vote::Refused,
+                Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
+                Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
+            };
+            let _ = votes.send(vote);
+            if missing && verdict.wait().await == Verdict::Success {
+                let _ = timeout(limit, store.refresh(&claim, true)).await;
+            }
+        });
+        let (votes, mut decide) = ballot.count(self.majority()).await;
+        let valid = self.still_valid(start, claim.ttl.duration);
+        let verdict = self.verdict(QuorumOp::Refresh, votes, valid);
+        let stragglers = decide(matches!(verdict, Ok(true)));
+        (verdict, stragglers)
+    }
+
+    /// The smallest remaining TTL among the masters that still hold the lock, once a
+    /// majority does; `None` once a majority says it does not. Masters that do not answer
+    /// decide nothing: without a majority either way, this is an error.
+    pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Option<Duration>> {
+        let limit = self.node_timeout(claim.ttl.duration);
+        let votes = self
+            .vote_in_place(limit, true, |store| async move { store.pttl(claim).await })
+            .await;
+        let left = votes
+            .iter()
+            .filter_map(|(_, vote)| match vote {
+                Vote::Yes(left) => Some(*left),
+                _ => None,
+            })
+            .min();
+        let yes = votes
+            .iter()
+            .filter(|(_, v)| matches!(v, Vote::Yes(_)))
+            .count();
+        let votes = votes
+            .into_iter()
+            .map(|(i, vote)| (i, vote.map(|_| ())))
+            .collect();
+        match self.verdict(QuorumOp::Ttl, votes, true)? {
+            true if yes >= self.majority() => Ok(left),
+            _ => Ok(None),
+        }
+    }
+
+    /// Deletes the lock on every master (waiting for all, within the per-node limit), with
+    /// an announcement per master when `payload` is given; fine when a majority deleted it.
+    pub(crate) async fn release(&self, claim: &Claim<'_>, payload: Option<&str>) -> Result<bool> {
+        let limit = self.node_timeout(claim.ttl.duration);
+        let votes = self
+            .vote_in_place(limit, false, |store| async move {
+                Ok(store.release(claim, payload).await?.then_some(()))
+            })
+            .await;
+        self.verdict(QuorumOp::Release, votes, true)
+    }
+
+    /// Releases on every master and waits for each (within the per-node limit): clean-up
+    /// after an obtain whose caller went away.
+    pub(crate) async fn release_everywhere(&self, claim: &Claim<'_>) {
+        let limit = self.node_timeout(claim.ttl.duration);
+        let releases = self
+            .nodes
+            .iter()
+            .map(|store| timeout(limit, store.release_by_eval(claim)));
+        futures_util::future::join_all(releases).await;
+    }
+
+    /// Starts `work` on every master in a counted background task of its own. Each task
+    /// sends its vote, and may await the verdict to finish its part (undo, restore).
+    fn ballot<F, Fut>(&self, claim: &Claim<'_>, work: F) -> Ballot
+    where
+        F: Fn(Arc<Store<C>>, Arc<OwnedClaim>, VoteSender, VerdictReceiver) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let claim = claim.to_shared();
+        let (votes_tx, votes) = mpsc::unbounded_channel();
+        let (verdict, _) = watch::channel(Verdict::Pending);
+        let mut tasks = Vec::with_capacity(self.nodes.len());
+        for (index, store) in self.nodes.iter().enumerate() {
+            let sender = VoteSender {
+                index,
+                votes: votes_tx.clone(),
+            };
+            let receiver = VerdictReceiver(verdict.subscribe());
+            let task = work(store.clone(), claim.clone(), sender, receiver);
+            match self.tasks.spawn(task) {
+                Some(handle) => tasks.push(handle),
+                // Only outside a tokio runtime, where nothing async runs at all.
+                None => {
+                    let _ = votes_tx.send((index, Vote::Failed(NodeFailure::NoRuntime)));
+                }
+            }
+        }
+        Ballot {
+            votes,
+            verdict,
+            tasks,
+            nodes: self.nodes.len(),
+        }
+    }
+
+    /// Runs `op` on every master within `limit`, in place (nothing outlives the call). With
+    /// `early`, returns as soon as the outcome is decided.
+    async fn vote_in_place<'a, T, F, Fut>(
         &'a self,
-        ttl: Duration,
+        limit: Duration,
         early: bool,
         op: F,
     ) -> Vec<(usize, Vote<T>)>
     where
-        F: Fn(&'a Client<C>) -> Fut,
+        F: Fn(&'a Store<C>) -> Fut,
         Fut: Future<Output = Result<Option<T>>>,
     {
-        let limit = self.node_timeout(ttl);
-        let majority = self.majority();
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
             .enumerate()
-            .map(|(index, node)| {
-                let answer = tokio::time::timeout(limit, op(node));
+            .map(|(index, store)| {
+                let answer = timeout(limit, op(store));
                 async move { (index, answer.await) }
             })
             .collect();
+        let mut tally = Tally::new(self.nodes.len(), self.majority());
         let mut votes = Vec::with_capacity(self.nodes.len());
-        let (mut yes, mut no) = (0, 0);
         while let Some((index, answer)) = pending.next().await {
             let vote = match answer {
                 Ok(Ok(Some(value))) => Vote::Yes(value),
@@ -155,127 +350,17 @@ where
                 Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
                 Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
             };
-            if matches!(vote, Vote::Yes(_)) {
-                yes += 1;
-            } else {
-                no += 1;
-            }
+            tally.add(&vote);
             votes.push((index, vote));
-            if early && (yes >= majority || no > self.nodes.len() - majority) {
+            if early && tally.decided() {
                 break;
             }
         }
         votes
     }
 
-    /// Tries once to lock `keys` on a majority within the validity budget.
-    pub(crate) async fn obtain(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        value: &str,
-        ttl: Duration,
-        ttl_ms: u64,
-    ) -> Result<Obtain> {
-        let start = Instant::now();
-        let votes = self
-            .vote(ttl, true, |node| async move {
-                let outcome = store(node)?
-                    .obtain(keys, owner, value, ttl_ms, None)
-                    .await?;
-                Ok(matches!(outcome, Obtain::Obtained { .. }).then_some(()))
-            })
-            .await;
-        let valid = self.still_valid(start, ttl);
-        let verdict = self.verdict(QuorumOp::Obtain, votes, valid);
-        if !matches!(verdict, Ok(true)) {
-            // Not ours: undo everywhere, also where the attempt failed or is still in flight.
-            self.release_everywhere(keys, owner, ttl).await;
-        }
-        match verdict? {
-            true => Ok(Obtain::Obtained { fence: None }),
-            false => Ok(Obtain::Held { ttl: None, key: 0 }),
-        }
-    }
-
-    /// Tries once to extend the lock on a majority; missing keys are re-created with the
-    /// lock's value (a master that restarted empty). `Ok(false)` when a majority says the
-    /// lock is not held.
-    pub(crate) async fn refresh(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        metadata: &str,
-        ttl: Duration,
-        ttl_ms: u64,
-    ) -> Result<bool> {
-        let start = Instant::now();
-        let value = &*owner.value(metadata);
-        let votes = self
-            .vote(ttl, true, |node| async move {
-                let refreshed = store(node)?
-                    .refresh(keys, owner, ttl_ms, Some(value))
-                    .await?;
-                Ok(refreshed.then_some(()))
-            })
-            .await;
-        let valid = self.still_valid(start, ttl);
-        self.verdict(QuorumOp::Refresh, votes, valid)
-    }
-
-    /// The smallest remaining TTL among the masters that still hold the lock, if a majority
-    /// does (decided as soon as a majority answered either way).
-    pub(crate) async fn pttl(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<Option<Duration>> {
-        let votes = self
-            .vote(ttl, true, |node| async move {
-                store(node)?.pttl(keys, owner).await
-            })
-            .await;
-        let left: Vec<Duration> = votes
-            .into_iter()
-            .filter_map(|(_, vote)| match vote {
-                Vote::Yes(left) => Some(left),
-                _ => None,
-            })
-            .collect();
-        Ok((left.len() >= self.majority()).then(|| left.into_iter().min().unwrap_or_default()))
-    }
-
-    /// Deletes the lock on every master (waiting for all, within the per-node limit); fine
-    /// when a majority deleted it.
-    pub(crate) async fn release(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        ttl: Duration,
-    ) -> Result<bool> {
-        let votes = self
-            .vote(ttl, false, |node| async move {
-                Ok(store(node)?.release(keys, owner).await?.then_some(()))
-            })
-            .await;
-        self.verdict(QuorumOp::Release, votes, true)
-    }
-
-    /// Releases on every master and waits for each (within the per-node limit), so that no
-    /// clean-up of this attempt is still on its way when the next attempt starts.
-    pub(crate) async fn release_everywhere(&self, keys: &[String], owner: &Owner, ttl: Duration) {
-        let limit = self.node_timeout(ttl);
-        let releases = self.nodes.iter().map(|node| {
-            tokio::time::timeout(limit, async move {
-                store(node)?.release_by_eval(keys, owner).await
-            })
-        });
-        futures_util::future::join_all(releases).await;
-    }
-
     /// `Ok(true)` when a majority said yes (and `valid`), `Ok(false)` when a majority
-    /// refused, else an error naming every node that failed and why.
+    /// refused, else an error naming every master that did not agree, and why.
     fn verdict(&self, op: QuorumOp, votes: Vec<(usize, Vote<()>)>, valid: bool) -> Result<bool> {
         let yes = votes
             .iter()
@@ -316,13 +401,107 @@ where
     }
 }
 
-/// The store behind a master (checked when the quorum was built).
-fn store<C>(node: &Client<C>) -> Result<&Store<C>>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    node.store()
-        .ok_or_else(|| InvalidInput::NestedQuorum.into())
+impl<T> Vote<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Vote<U> {
+        match self {
+            Self::Yes(value) => Vote::Yes(f(value)),
+            Self::Refused => Vote::Refused,
+            Self::Failed(failure) => Vote::Failed(failure),
+        }
+    }
+}
+
+/// Counts votes until the outcome is decided.
+struct Tally {
+    yes: usize,
+    no: usize,
+    nodes: usize,
+    majority: usize,
+}
+
+impl Tally {
+    fn new(nodes: usize, majority: usize) -> Self {
+        Self {
+            yes: 0,
+            no: 0,
+            nodes,
+            majority,
+        }
+    }
+
+    fn add<T>(&mut self, vote: &Vote<T>) {
+        match vote {
+            Vote::Yes(_) => self.yes += 1,
+            Vote::Refused | Vote::Failed(_) => self.no += 1,
+        }
+    }
+
+    /// A majority said yes, or too many did not for a majority to be reached.
+    fn decided(&self) -> bool {
+        self.yes >= self.majority || self.no > self.nodes - self.majority
+    }
+}
+
+/// A master's task's way to send its vote.
+struct VoteSender {
+    index: usize,
+    votes: mpsc::UnboundedSender<(usize, Vote<()>)>,
+}
+
+impl VoteSender {
+    fn send(self, vote: Vote<()>) -> bool {
+        self.votes.send((self.index, vote)).is_ok()
+    }
+}
+
+/// A master's task's way to learn the verdict.
+struct VerdictReceiver(watch::Receiver<Verdict>);
+
+impl VerdictReceiver {
+    /// The verdict once it is known; `Failure` when the caller went away before deciding.
+    async fn wait(mut self) -> Verdict {
+        match self.0.wait_for(|v| *v != Verdict::Pending).await {
+            Ok(verdict) => *verdict,
+            Err(_) => Verdict::Failure,
+        }
+    }
+}
+
+/// The per-master tasks of one operation.
+struct Ballot {
+    votes: mpsc::UnboundedReceiver<(usize, Vote<()>)>,
+    verdict: watch::Sender<Verdict>,
+    tasks: Stragglers,
+    nodes: usize,
+}
+
+impl Ballot {
+    /// Collects votes until the outcome is decided (or every master answered). Returns them
+    /// with the way to announce the verdict, which hands back the tasks still running.
+    async fn count(
+        mut self,
+        majority: usize,
+    ) -> (Vec<(usize, Vote<()>)>, impl FnMut(bool) -> Stragglers) {
+        let mut tally = Tally::new(self.nodes, majority);
+        let mut votes = Vec::with_capacity(self.nodes);
+        while !tally.decided() {
+            let Some((index, vote)) = self.votes.recv().await else {
+                break;
+            };
+            tally.add(&vote);
+            votes.push((index, vote));
+        }
+        let (verdict, mut tasks) = (self.verdict, self.tasks);
+        let decide = move |success: bool| {
+            verdict.send_replace(if success {
+                Verdict::Success
+            } else {
+                Verdict::Failure
+            });
+            std::mem::take(&mut tasks)
+        };
+        (votes, decide)
+    }
 }
 
 impl<C> fmt::Debug for Quorum<C> {

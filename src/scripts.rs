@@ -1,5 +1,5 @@
-//! The four bundled Lua scripts, each hashed once and run by EVALSHA (redis-rs loads a
-//! script and retries when the server answers NOSCRIPT).
+//! The four bundled Lua scripts, each hashed once and run by EVALSHA (loaded and retried when
+//! the server answers NOSCRIPT), and the codes they reply with.
 
 use std::sync::LazyLock;
 
@@ -23,9 +23,9 @@ pub(crate) const RELEASE_SOURCE: &str = include_str!("../lua/release.lua");
 /// Deletes every key of a held lock.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 
-/// Reply of `obtain.lua` for success.
+/// Reply of `obtain.lua` for success: `{OBTAINED, fence, preheld}`.
 pub(crate) const OBTAINED: i64 = 1;
-/// Reply of `obtain.lua` when another owner holds a key: `{HELD, pttl}`.
+/// Reply of `obtain.lua` when another owner holds a key: `{HELD, pttl, index}`.
 pub(crate) const HELD: i64 = 0;
 /// Reply of `obtain.lua` when a key holds a non-string value: `{WRONG_TYPE, key}`.
 pub(crate) const WRONG_TYPE: i64 = 2;
@@ -33,3 +33,7 @@ pub(crate) const WRONG_TYPE: i64 = 2;
 pub(crate) const PTTL_NOT_HELD: i64 = -2;
 /// Reply of `pttl.lua` when every key is held without expiry.
 pub(crate) const PTTL_PERSISTENT: i64 = -1;
+/// Reply of `refresh.lua` when every key was extended.
+pub(crate) const REFRESHED: i64 = 1;
+/// Reply of `refresh.lua` when some keys are missing and none is another owner's.
+pub(crate) const REFRESH_MISSING: i64 = 2;

@@ -10,17 +10,34 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
+use crate::request::Claim;
 use crate::scripts;
-use crate::value::Owner;
 
 /// What one obtain attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Obtain {
     /// Every key is ours; with the fencing token minted, when one was asked for.
-    Obtained { fence: Option<u64> },
+    Obtained {
+        fence: Option<u64>,
+        /// Some keys were already held by this owner before the attempt (a re-obtain by
+        /// token): undoing the attempt must not delete them.
+        preheld: bool,
+    },
     /// Another owner holds `keys[key]`; its remaining TTL when known (`None`: unknown or
     /// no expiry).
     Held { ttl: Option<Duration>, key: usize },
+}
+
+/// What one refresh attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refresh {
+    /// Every key was ours and now lives for the new TTL.
+    Extended,
+    /// No key is another owner's, but some are missing (expired, or the server restarted
+    /// empty). Nothing was changed.
+    Missing,
+    /// Some key is another owner's. Nothing was changed.
+    NotHeld,
 }
 
 /// A connection to one Redis server, plus what we learned about that server.
@@ -33,8 +50,9 @@ pub(crate) struct Store<C> {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
-    /// A store on a Redis Cluster: releases are announced with sharded pub/sub (SPUBLISH),
-    /// which stays within the key's shard instead of going to every node.
+    /// A store on a Redis Cluster: releases are announced with sharded pub/sub (SPUBLISH,
+    /// PUBLISH before Redis 7), which stays within the key's shard instead of going to every
+    /// node.
     #[cfg(feature = "cluster")]
     pub(crate) fn new_cluster(conn: C) -> Self {
         Self {
@@ -53,52 +71,43 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         }
     }
 
-    /// Tries once to lock every key in `keys` for `ttl_ms` with `value`, incrementing the
-    /// fencing `counter` on success when one is given.
-    pub(crate) async fn obtain(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        value: &str,
-        ttl_ms: u64,
-        counter: Option<&str>,
-    ) -> Result<Obtain> {
-        if counter.is_none()
-            && let [key] = keys
+    /// Tries once to lock every key of `claim`, incrementing its fencing counter on
+    /// success. With `mark_holder`, a held key's value is marked so that its holder's
+    /// release announces itself (the caller is about to wait for it).
+    pub(crate) async fn obtain(&self, claim: &Claim<'_>, mark_holder: bool) -> Result<Obtain> {
+        if !mark_holder
+            && claim.counter.is_none()
+            && let [key] = claim.keys
             && self.set_nx_get.load(Ordering::Relaxed)
-            && let Some(outcome) = self.obtain_one(key, owner, value, ttl_ms).await?
+            && let Some(outcome) = self.obtain_one(key, claim).await?
         {
             return Ok(outcome);
         }
-        self.obtain_by_script(keys, owner, value, ttl_ms, counter)
-            .await
+        self.obtain_by_script(claim, mark_holder).await
     }
 
     /// One key, no script: `SET key value NX PX ttl GET` either sets the key (reply nil) or
     /// returns the holder's value. Returns `None` when the script must decide: the key
     /// already holds our own token, or the server does not know this form of SET.
-    async fn obtain_one(
-        &self,
-        key: &str,
-        owner: &Owner,
-        value: &str,
-        ttl_ms: u64,
-    ) -> Result<Option<Obtain>> {
+    async fn obtain_one(&self, key: &str, claim: &Claim<'_>) -> Result<Option<Obtain>> {
         let reply: RedisResult<Option<Vec<u8>>> =
-            Cmd::with_capacity(7, 32 + key.len() + value.len())
+            Cmd::with_capacity(7, 32 + key.len() + claim.value.len())
                 .arg("SET")
                 .arg(key)
-                .arg(value)
+                .arg(claim.value)
                 .arg("NX")
                 .arg("PX")
-                .arg(ttl_ms)
+                .arg(claim.ttl.millis)
                 .arg("GET")
                 .query_async(&mut self.conn.clone())
                 .await;
         match reply {
-            Ok(None) => Ok(Some(Obtain::Obtained { fence: None })),
-            // Held by ourselves: re-obtain by script, which also resets the TTL and value.
-            Ok(Some(holder)) if owner.owns(&holder) => Ok(None),
+            Ok(None) => Ok(Some(Obtain::Obtained {
+                fence: None,
+                preheld: false,
+            })),
+            // Held by ourselves: re-obtain by script, which also keeps the longer TTL.
+            Ok(Some(holder)) if claim.owner.owns(&holder) => Ok(None),
             Ok(Some(_)) => Ok(Some(Obtain::Held { ttl: None, key: 0 })),
             Err(err) if err.code() == Some("WRONGTYPE") => Err(Error::WrongType {
                 key: key.to_owned(),
@@ -112,24 +121,26 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         }
     }
 
-    async fn obtain_by_script(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        value: &str,
-        ttl_ms: u64,
-        counter: Option<&str>,
-    ) -> Result<Obtain> {
+    async fn obtain_by_script(&self, claim: &Claim<'_>, mark_holder: bool) -> Result<Obtain> {
         // The fencing counter, if any, goes last in KEYS, flagged by ARGV[4].
-        let args = (owner.tag(), value, ttl_ms, counter.map(|_| 1));
-        let reply = self.invoke(&scripts::OBTAIN, keys, counter, args).await?;
+        let args = (
+            claim.owner.tag(),
+            claim.value,
+            claim.ttl.millis,
+            u8::from(claim.counter.is_some()),
+            u8::from(mark_holder),
+        );
+        let reply = self
+            .invoke(&scripts::OBTAIN, claim.keys, claim.counter, args)
+            .await?;
         parse_obtain_reply(reply)
     }
 
-    /// The smallest remaining TTL across `keys`, or `None` when the lock is not held.
+    /// The smallest remaining TTL across the keys, or `None` when the lock is not held.
     /// A lock held without expiry reports `Duration::MAX`.
-    pub(crate) async fn pttl(&self, keys: &[String], owner: &Owner) -> Result<Option<Duration>> {
-        let left: i64 = self.invoke(&scripts::PTTL, keys, None, owner.tag()).await?;
+    pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Option<Duration>> {
+        let args = (claim.owner.tag(), claim.value);
+        let left: i64 = self.invoke(&scripts::PTTL, claim.keys, None, args).await?;
         Ok(match left {
             scripts::PTTL_NOT_HELD => None,
             scripts::PTTL_PERSISTENT => Some(Duration::MAX),
@@ -137,32 +148,62 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         })
     }
 
-    /// Extends every key to `ttl_ms`; false when the lock is not held. With `restore`, keys
-    /// that are missing are re-created with that value (Redlock, after a master restarted).
-    pub(crate) async fn refresh(
-        &self,
-        keys: &[String],
-        owner: &Owner,
-        ttl_ms: u64,
-        restore: Option<&str>,
-    ) -> Result<bool> {
+    /// Extends every key to the claim's TTL, only if every key is ours. With `restore`,
+    /// missing keys are re-created with the claim's value (Redlock, once a majority is known
+    /// to hold the lock, on a master that restarted empty).
+    pub(crate) async fn refresh(&self, claim: &Claim<'_>, restore: bool) -> Result<Refresh> {
+        let args = (
+            claim.owner.tag(),
+            claim.value,
+            claim.ttl.millis,
+            u8::from(restore),
+        );
         let done: i64 = self
-            .invoke(
-                &scripts::REFRESH,
-                keys,
-                None,
-                (owner.tag(), ttl_ms, restore),
-            )
+            .invoke(&scripts::REFRESH, claim.keys, None, args)
+            .await?;
+        Ok(match done {
+            scripts::REFRESHED => Refresh::Extended,
+            scripts::REFRESH_MISSING => Refresh::Missing,
+            _ => Refresh::NotHeld,
+        })
+    }
+
+    /// Deletes every key, only if every key is ours; false when the lock is not held. With
+    /// an announcement, publishes `payload` on the release channel of each key.
+    pub(crate) async fn release(&self, claim: &Claim<'_>, announce: Option<&str>) -> Result<bool> {
+        let args = self.release_args(claim, announce);
+        let done: i64 = self
+            .invoke(&scripts::RELEASE, claim.keys, None, args)
             .await?;
         Ok(done == 1)
     }
 
-    /// Deletes every key; false when the lock is not held.
-    pub(crate) async fn release(&self, keys: &[String], owner: &Owner) -> Result<bool> {
-        let done: i64 = self
-            .invoke(&scripts::RELEASE, keys, None, (owner.tag(), self.announce))
+    /// Like [`Store::release`], but sends the script's source with EVAL. For clean-up after
+    /// an obtain with an unknown outcome: if the server is stalled, this queues behind the
+    /// obtain and must not depend on a NOSCRIPT fallback that nobody will be waiting to run.
+    pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<bool> {
+        let done: i64 = redis::cmd("EVAL")
+            .arg(scripts::RELEASE_SOURCE)
+            .arg(claim.keys.len())
+            .arg(claim.keys)
+            .arg(self.release_args(claim, None))
+            .query_async(&mut self.conn.clone())
             .await?;
         Ok(done == 1)
+    }
+
+    fn release_args<'a>(
+        &self,
+        claim: &Claim<'a>,
+        payload: Option<&'a str>,
+    ) -> (&'a str, &'a str, &'static str, &'a str) {
+        let announce = if payload.is_some() { self.announce } else { "" };
+        (
+            claim.owner.tag(),
+            claim.value,
+            announce,
+            payload.unwrap_or(""),
+        )
     }
 
     /// Runs `script` by EVALSHA over `keys` (then `extra_key`, if any) with `args`, loading
@@ -196,21 +237,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             reply => Ok(reply?),
         }
     }
-
-    /// Like [`Store::release`], but sends the script's source with EVAL. For clean-up after
-    /// a timed-out obtain: if the server is stalled, this queues behind the obtain and must
-    /// not depend on a NOSCRIPT fallback that nobody will be waiting to run.
-    pub(crate) async fn release_by_eval(&self, keys: &[String], owner: &Owner) -> Result<bool> {
-        let done: i64 = redis::cmd("EVAL")
-            .arg(scripts::RELEASE_SOURCE)
-            .arg(keys.len())
-            .arg(keys)
-            .arg(owner.tag())
-            .arg(self.announce)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(done == 1)
-    }
 }
 
 fn is_syntax_error(err: &RedisError) -> bool {
@@ -229,9 +255,13 @@ fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
         return Err(unexpected(&reply));
     };
     match items.as_slice() {
-        [Value::Int(scripts::OBTAINED)] => Ok(Obtain::Obtained { fence: None }),
-        [Value::Int(scripts::OBTAINED), Value::Int(fence)] => Ok(Obtain::Obtained {
-            fence: u64::try_from(*fence).ok(),
+        // Lua's false arrives as nil.
+        [Value::Int(scripts::OBTAINED), fence, Value::Int(preheld)] => Ok(Obtain::Obtained {
+            fence: match fence {
+                Value::Int(fence) => u64::try_from(*fence).ok(),
+                _ => None,
+            },
+            preheld: *preheld > 0,
         }),
         [Value::Int(scripts::HELD), Value::Int(ms), Value::Int(index)] => Ok(Obtain::Held {
             ttl: u64::try_from(*ms).ok().map(Duration::from_millis),

@@ -5,6 +5,10 @@
 //! prefix with our tag is an exact token comparison. A token that is a prefix of another
 //! holder's token (or of token + metadata) can never pass for it, which is how
 //! bsm/redislock's custom tokens can take over someone else's lock.
+//!
+//! A waiter that finds a key held marks the holder's value with a leading `!`
+//! ([`WAITER_MARK`]): the holder's release reads its values anyway, and announces only the keys
+//! that somebody waits for. The mark changes nothing about ownership or metadata.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -21,6 +25,9 @@ const TOKEN_BYTES: usize = 16;
 const RANDOM_TOKEN_LEN: usize = 22;
 /// The owner tag's length prefix for a generated token.
 const RANDOM_TAG_PREFIX: &str = "22:";
+
+/// Leads a stored value when somebody waits for the key (see the module docs).
+pub(crate) const WAITER_MARK: u8 = b'!';
 
 /// Who owns a lock: its token, and the tag that starts every value it stores.
 #[derive(Clone, PartialEq, Eq)]
@@ -83,9 +90,9 @@ impl Owner {
         Cow::Owned(value)
     }
 
-    /// True when `value` was stored by this owner.
+    /// True when `value` was stored by this owner (marked by a waiter or not).
     pub(crate) fn owns(&self, value: &[u8]) -> bool {
-        value.starts_with(self.tag.as_bytes())
+        unmarked(value).starts_with(self.tag.as_bytes())
     }
 }
 
@@ -96,15 +103,17 @@ impl fmt::Debug for Owner {
 }
 
 /// Splits a stored lock value into its token and metadata, or `None` when the value was
-/// not written by this crate.
+/// not written by this crate. A leading `!` (somebody waits for the lock) is skipped.
 ///
 /// Useful to see who holds a key:
 ///
 /// ```
 /// assert_eq!(lockset::parse_value("3:abcmeta"), Some(("abc", "meta")));
+/// assert_eq!(lockset::parse_value("!3:abcmeta"), Some(("abc", "meta")));
 /// assert_eq!(lockset::parse_value("not a lock"), None);
 /// ```
 pub fn parse_value(value: &str) -> Option<(&str, &str)> {
+    let value = value.strip_prefix(char::from(WAITER_MARK)).unwrap_or(value);
     let (len, rest) = value.split_once(':')?;
     if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -114,6 +123,11 @@ pub fn parse_value(value: &str) -> Option<(&str, &str)> {
         return None;
     }
     rest.split_at_checked(len)
+}
+
+/// `value` without a waiter's mark.
+fn unmarked(value: &[u8]) -> &[u8] {
+    value.strip_prefix(&[WAITER_MARK]).unwrap_or(value)
 }
 
 #[cfg(test)]
@@ -152,6 +166,13 @@ mod tests {
         // Nor can token + metadata pass for the token.
         assert!(!Owner::custom("abcdefxyz").unwrap().owns(stored.as_bytes()));
         assert!(holder.owns(stored.as_bytes()));
+        // A waiter's mark changes nothing.
+        assert!(holder.owns(format!("!{stored}").as_bytes()));
+        assert!(
+            !Owner::custom("abc")
+                .unwrap()
+                .owns(format!("!{stored}").as_bytes())
+        );
     }
 
     #[test]

@@ -100,23 +100,6 @@ async fn a_failed_obtain_mints_nothing() {
 }
 
 #[tokio::test]
-async fn a_counter_that_is_not_an_integer_is_a_wrong_type_error_and_locks_nothing() {
-    let env = Env::start().await;
-    env.cmd::<String>(&["SET", "{job}:fence", "not a number"])
-        .await;
-    let err = env
-        .client
-        .obtain("job", ms(60_000), &Options::default().fencing())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, Error::WrongType { key } if key == "{job}:fence"),
-        "{err:?}"
-    );
-    assert!(!env.exists("job").await);
-}
-
-#[tokio::test]
 async fn an_underivable_counter_key_is_invalid_input() {
     let env = Env::start().await;
     let err = env

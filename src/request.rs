@@ -1,0 +1,71 @@
+//! What one lock operation sends, built once and passed down by reference: the keys, who
+//! claims them and with what value, for how long, and the fencing counter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::InvalidInput;
+use crate::validate;
+use crate::value::Owner;
+
+/// A validated time to live: the duration asked for, and whole milliseconds (rounded up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Ttl {
+    pub(crate) duration: Duration,
+    pub(crate) millis: u64,
+}
+
+impl Ttl {
+    /// Checks and converts `duration` (see [`validate::ttl_millis`]).
+    pub(crate) fn new(duration: Duration) -> Result<Self, InvalidInput> {
+        let millis = validate::ttl_millis(duration)?;
+        Ok(Self { duration, millis })
+    }
+}
+
+/// One operation's claim on a set of keys: the keys, the owner, the value it stores, the TTL
+/// and, for an obtain with fencing, the counter to increment.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Claim<'a> {
+    pub(crate) keys: &'a [String],
+    pub(crate) owner: &'a Owner,
+    /// The owner tag followed by the caller's metadata.
+    pub(crate) value: &'a str,
+    pub(crate) ttl: Ttl,
+    pub(crate) counter: Option<&'a str>,
+}
+
+impl Claim<'_> {
+    /// An owned copy, for tasks that outlive the call (a quorum's per-master work).
+    pub(crate) fn to_shared(self) -> Arc<OwnedClaim> {
+        Arc::new(OwnedClaim {
+            keys: self.keys.to_vec(),
+            owner: self.owner.clone(),
+            value: self.value.to_owned(),
+            ttl: self.ttl,
+            counter: self.counter.map(str::to_owned),
+        })
+    }
+}
+
+/// A [`Claim`] that owns its parts.
+#[derive(Debug)]
+pub(crate) struct OwnedClaim {
+    keys: Vec<String>,
+    owner: Owner,
+    value: String,
+    ttl: Ttl,
+    counter: Option<String>,
+}
+
+impl OwnedClaim {
+    pub(crate) fn claim(&self) -> Claim<'_> {
+        Claim {
+            keys: &self.keys,
+            owner: &self.owner,
+            value: &self.value,
+            ttl: self.ttl,
+            counter: self.counter.as_deref(),
+        }
+    }
+}

@@ -1,0 +1,550 @@
+//! The edges: a release is all or nothing, validity is never more than the server grants,
+//! Redlock never deletes or resurrects a lock behind its holder's back, and errors say what
+//! happened. Each test here names a hole found in an earlier version.
+
+mod support;
+
+use std::time::Duration;
+
+use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use lockset::{Client, Error, InvalidInput, Options, QuorumConfig, Retry};
+use support::masters::Masters;
+use support::proxy::Proxy;
+use support::{Env, RedisServer, eventually, ms};
+use tokio::time::Instant;
+
+fn patient() -> Options {
+    Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(Duration::from_secs(20))
+}
+
+/// A lock client over `url` whose replies time out after `timeout`.
+async fn client_with_timeout(url: &str, timeout: Duration) -> Client<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(timeout))
+        .set_connection_timeout(Some(ms(1_000)));
+    let conn =
+        ConnectionManager::new_with_config(lockset::redis::Client::open(url).unwrap(), config)
+            .await
+            .unwrap();
+    Client::new(conn)
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. A release is all or nothing, whatever announcing it does.
+
+#[tokio::test]
+async fn a_release_deletes_every_key_even_when_announcing_is_forbidden() {
+    let env = Env::start().await;
+    // Redis 7's default `acl-pubsub-default resetchannels`: this user may not PUBLISH.
+    env.cmd::<String>(&[
+        "ACL",
+        "SETUSER",
+        "app",
+        "on",
+        ">pw",
+        "~*",
+        "+@all",
+        "resetchannels",
+    ])
+    .await;
+    let url = format!("redis://app:pw@127.0.0.1:{}/", env.server.port());
+    let client = Client::connect(&url).await.unwrap();
+    let lock = client
+        .obtain_multi(["a", "b", "c"], ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    lock.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0, "a key outlived its release");
+}
+
+#[tokio::test]
+async fn a_client_without_release_events_announces_nothing_and_polls() {
+    let env = Env::start().await;
+    let quiet = env.other_client().await.without_release_events();
+    let holder = quiet
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let quiet = quiet.clone();
+        async move {
+            let options = Options::default()
+                .retry(Retry::linear(ms(20)))
+                .timeout(ms(20_000));
+            quiet.obtain("job", ms(1_000), &options).await
+        }
+    });
+    // Let the waiter fail at least once, so that it would listen if it could.
+    eventually(ms(10_000), "a retry", async || env.calls("set").await >= 2).await;
+    assert_eq!(quiet.release_channels_watched(), 0);
+    holder.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    assert_eq!(env.calls("publish").await, 0, "a quiet client announced");
+    assert_eq!(env.calls("subscribe").await, 0, "a quiet client listened");
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Validity follows the last refresh that was sent, and never exceeds the keys' life.
+
+#[tokio::test]
+async fn a_refresh_to_a_shorter_ttl_shortens_the_validity() {
+    let env = Env::start().await;
+    let lock = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let lost = lock.lost_signal();
+    let before = Instant::now();
+    lock.refresh(ms(1_500), &Options::default()).await.unwrap();
+    let after = Instant::now();
+    let until = lock.valid_until();
+    assert!(until <= after + ms(1_500), "validity beyond the new TTL");
+    assert!(
+        until >= before + ms(1_500),
+        "validity shorter than the new TTL"
+    );
+
+    tokio::time::timeout(ms(20_000), lost.lost()).await.unwrap();
+    let late = Instant::now().saturating_duration_since(until);
+    assert!(late < ms(1_000), "the lost signal fired {late:?} late");
+    // The server agrees: the key is gone soon after.
+    eventually(ms(10_000), "key expiry", async || !env.exists("job").await).await;
+}
+
+#[tokio::test]
+async fn a_reobtain_with_a_shorter_ttl_never_shortens_what_the_token_holds() {
+    let env = Env::start().await;
+    let token = Options::default().token("outer-token");
+    let outer = env.client.obtain("job", ms(60_000), &token).await.unwrap();
+    let outer_until = outer.valid_until();
+    let inner = env
+        .client
+        .obtain_multi(["job", "extra"], ms(1_000), &token)
+        .await
+        .unwrap();
+    let job: i64 = env.cmd(&["PTTL", "job"]).await;
+    let extra: i64 = env.cmd(&["PTTL", "extra"]).await;
+    assert!(
+        job > 50_000,
+        "the re-obtain shortened the outer lock's key to {job} ms"
+    );
+    assert!(extra <= 1_000, "a new key got {extra} ms");
+    assert_eq!(outer.valid_until(), outer_until);
+    assert!(inner.valid_until() <= Instant::now() + ms(1_000));
+    // ... and a longer re-obtain extends it.
+    env.client.obtain("job", ms(120_000), &token).await.unwrap();
+    let job: i64 = env.cmd(&["PTTL", "job"]).await;
+    assert!(job > 100_000, "{job}");
+}
+
+#[tokio::test]
+async fn a_refresh_with_an_unknown_outcome_never_leaves_a_validity_longer_than_the_keys() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let client = client_with_timeout(&proxy.url(), ms(300)).await;
+    let lock = client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    proxy.set_latency(ms(1_000));
+    let err = lock
+        .refresh(ms(2_000), &Options::default())
+        .await
+        .unwrap_err();
+    let returned = Instant::now();
+    assert!(matches!(err, Error::Redis(_)), "{err:?}");
+    // The refresh may have run: then the key expires 2 s after it was sent.
+    assert!(
+        lock.valid_until() <= returned + ms(2_000),
+        "validity still {:?} ahead",
+        lock.valid_until() - Instant::now()
+    );
+    proxy.set_latency(Duration::ZERO);
+}
+
+// ---------------------------------------------------------------------------------------
+// 3.–6. Redlock.
+
+fn config() -> QuorumConfig {
+    QuorumConfig::default().node_timeout(ms(300))
+}
+
+/// Waits until every node client has sent everything queued before (a lock operation on
+/// the same connection runs after them).
+async fn flush(m: &Masters) {
+    for (i, node) in m.nodes.iter().enumerate() {
+        let probe = format!("flush:{i}");
+        let lock = node.obtain(probe, ms(10_000), &patient()).await.unwrap();
+        lock.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_failed_redlock_reobtain_by_token_never_deletes_the_lock_the_token_held() {
+    let m = Masters::start(config()).await;
+    let token = Options::default().token("job-owner-token");
+    let outer = m.redlock.obtain("job", ms(30_000), &token).await.unwrap();
+    let value = "15:job-owner-token";
+    eventually(ms(10_000), "all masters hold it", async || {
+        m.holding(&["job"], value).await == 5
+    })
+    .await;
+
+    for i in 2..5 {
+        m.servers[i].pause();
+    }
+    let err = m
+        .redlock
+        .obtain("job", ms(30_000), &token)
+        .await
+        .unwrap_err();
+    for i in 2..5 {
+        m.servers[i].resume();
+    }
+    assert!(err.is_unavailable(), "{err:?}");
+    eventually(ms(10_000), "background tasks", async || {
+        m.redlock.background_tasks() == 0
+    })
+    .await;
+    flush(&m).await;
+
+    assert_eq!(
+        m.holding(&["job"], value).await,
+        5,
+        "the failed re-obtain deleted keys"
+    );
+    let rival = m
+        .redlock
+        .obtain("job", ms(30_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(rival.is_not_obtained(), "{rival:?}");
+    assert!(outer.ttl().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_redlock_refresh_never_brings_back_a_lock_that_expired_everywhere() {
+    let m = Masters::start(config()).await;
+    let lock = m
+        .redlock
+        .obtain_multi(["{j}:a", "{j}:b"], ms(300), &Options::default())
+        .await
+        .unwrap();
+    eventually(ms(10_000), "expiry everywhere", async || {
+        m.dbsizes(0..5).await == vec![0; 5]
+    })
+    .await;
+    let err = lock
+        .refresh(ms(30_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    assert_eq!(m.dbsizes(0..5).await, vec![0; 5], "keys were re-created");
+    assert!(lock.lost_signal().is_lost());
+}
+
+#[tokio::test]
+async fn a_redlock_refresh_restores_restarted_masters_only_while_a_majority_holds_the_lock() {
+    let mut m = Masters::start(config()).await;
+    let lock = m
+        .redlock
+        .obtain("job", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    // A majority forgets the lock; nobody else takes it.
+    for i in 0..3 {
+        m.servers[i].restart();
+    }
+    // Retried while the nodes reconnect; then a majority answers "not held".
+    let err = lock.refresh(ms(30_000), &patient()).await.unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    eventually(ms(10_000), "background tasks", async || {
+        m.redlock.background_tasks() == 0
+    })
+    .await;
+    assert_eq!(m.dbsizes(0..3).await, vec![0; 3], "keys were re-created");
+}
+
+#[tokio::test]
+async fn redlock_ttl_with_a_majority_unreachable_is_an_error_not_a_loss() {
+    let m = Masters::start(config()).await;
+    let lock = m
+        .redlock
+        .obtain("job", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    let lost = lock.lost_signal();
+    let until = lock.valid_until();
+    for i in 2..5 {
+        m.servers[i].pause();
+    }
+    let answer = lock.ttl().await;
+    for i in 2..5 {
+        m.servers[i].resume();
+    }
+    let err = answer.unwrap_err();
+    assert!(matches!(err, Error::Quorum { .. }), "{err:?}");
+    assert!(err.is_unavailable() && !err.is_not_held(), "{err:?}");
+    assert!(!lost.is_lost(), "slow masters fired the lost signal");
+    assert_eq!(lock.valid_until(), until);
+    assert!(lock.ttl().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn redlock_obtain_and_refresh_reach_every_master_that_is_up() {
+    // Four masters direct, one behind 30 ms of latency: it always answers last, after the
+    // decision. Fresh masters: the scripts are not loaded (NOSCRIPT, then a retry).
+    let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let proxy = Proxy::start(servers[4].port()).await;
+    let mut nodes = Vec::new();
+    for server in &servers[..4] {
+        nodes.push(Client::connect(&server.url()).await.unwrap());
+    }
+    nodes.push(Client::connect(&proxy.url()).await.unwrap());
+    let redlock = Client::quorum(
+        nodes.clone(),
+        QuorumConfig::default().node_timeout(ms(2_000)),
+    )
+    .unwrap();
+    let m = Masters {
+        servers,
+        nodes,
+        redlock: redlock.clone(),
+    };
+    proxy.set_latency(ms(30));
+
+    let keys = ["{r}:a", "{r}:b"];
+    let lock = redlock
+        .obtain_multi(keys, ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    let value = format!("22:{}", lock.token());
+    eventually(ms(10_000), "every master holds the lock", async || {
+        m.holding(&keys, &value).await == 5
+    })
+    .await;
+
+    lock.refresh(ms(60_000), &Options::default()).await.unwrap();
+    eventually(ms(10_000), "every master refreshed", async || {
+        m.pttl(4, "{r}:b").await > 30_000
+    })
+    .await;
+    lock.release().await.unwrap();
+    assert_eq!(m.dbsizes(0..5).await, vec![0; 5]);
+    eventually(ms(10_000), "background tasks", async || {
+        redlock.background_tasks() == 0
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Fencing counters are never lock keys.
+
+#[tokio::test]
+async fn a_fencing_counter_that_is_also_a_lock_key_is_refused_before_sending() {
+    let env = Env::start().await;
+    let err = env
+        .client
+        .obtain_multi(
+            ["x", "{x}:fence"],
+            ms(10_000),
+            &Options::default().fencing(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput(InvalidInput::FencingKeyIsLocked { key }) if key == "{x}:fence"),
+        "{err:?}"
+    );
+    let err = env
+        .client
+        .obtain("{y}b", ms(10_000), &Options::default().fencing_key("{y}b"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput(InvalidInput::FencingKeyIsLocked { key }) if key == "{y}b"),
+        "{err:?}"
+    );
+    assert_eq!(env.dbsize().await, 0);
+    assert_eq!(env.calls("evalsha").await + env.calls("set").await, 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Errors that say what happened.
+
+#[tokio::test]
+async fn a_counter_that_is_not_an_integer_surfaces_the_servers_own_error() {
+    let env = Env::start().await;
+    env.cmd::<String>(&["SET", "{job}:fence", "not a number"])
+        .await;
+    let err = env
+        .client
+        .obtain("job", ms(60_000), &Options::default().fencing())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Redis(_)), "{err:?}");
+    assert!(err.to_string().contains("not an integer"), "{err}");
+    assert!(!env.exists("job").await);
+}
+
+#[tokio::test]
+async fn a_counter_holding_a_hash_is_a_wrong_type_error_naming_it() {
+    let env = Env::start().await;
+    env.cmd::<i64>(&["HSET", "{job}:fence", "f", "v"]).await;
+    let err = env
+        .client
+        .obtain_multi(
+            ["job", "{job}:other"],
+            ms(60_000),
+            &Options::default().fencing(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::WrongType { key } if key == "{job}:fence"),
+        "{err:?}"
+    );
+    assert!(!env.exists("job").await && !env.exists("{job}:other").await);
+}
+
+#[tokio::test]
+async fn quorum_errors_tell_unavailable_apart_from_held() {
+    let mut m = Masters::start(config()).await;
+    // Held by someone else on a majority: not obtained.
+    for i in 0..3 {
+        m.nodes[i]
+            .obtain("held", ms(60_000), &Options::default())
+            .await
+            .unwrap();
+    }
+    let err = m
+        .redlock
+        .obtain("held", ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained() && !err.is_unavailable(), "{err:?}");
+
+    // A majority down: unavailable, not "held by someone else".
+    for i in 0..3 {
+        m.servers[i].stop();
+    }
+    let err = m
+        .redlock
+        .obtain("free", ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable() && !err.is_not_obtained(), "{err:?}");
+}
+
+#[tokio::test]
+async fn quorums_refuse_the_same_server_twice_and_a_zero_node_timeout() {
+    let m = Masters::start(config()).await;
+    let same_client = [m.nodes[0].clone(), m.nodes[0].clone(), m.nodes[1].clone()];
+    let err = Client::quorum(same_client, config()).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::DuplicateNode { .. })),
+        "{err:?}"
+    );
+    let again = Client::connect(&m.servers[0].url()).await.unwrap();
+    let same_address = [m.nodes[0].clone(), again, m.nodes[1].clone()];
+    let err = Client::quorum(same_address, config()).unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::DuplicateNode { .. })),
+        "{err:?}"
+    );
+    let err = Client::quorum(
+        m.nodes.clone(),
+        QuorumConfig::default().node_timeout(Duration::ZERO),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::ZeroNodeTimeout)),
+        "{err:?}"
+    );
+    // Release events belong to each master's client; a quorum cannot take one of its own.
+    let url = m.servers[0].url();
+    let err = m
+        .redlock
+        .clone()
+        .with_release_events(lockset::redis::Client::open(url).unwrap())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(InvalidInput::ReleaseEventsNeedOneServer)
+        ),
+        "{err:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The keys people have.
+
+#[tokio::test]
+async fn obtain_multi_takes_the_keys_people_have() {
+    let env = Env::start().await;
+    let c = &env.client;
+    let o = Options::default();
+    let ttl = ms(10_000);
+    let owned: Vec<String> = vec!["c".into(), "d".into()];
+    let slice: &[String] = &owned;
+
+    c.obtain_multi(&["a", "b"], ttl, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.obtain_multi(["a", "b"], ttl, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.obtain_multi(&owned, ttl, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.obtain_multi(slice, ttl, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.obtain_multi(owned.iter().map(String::as_str), ttl, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.obtain_multi(owned.clone(), ttl, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.obtain_multi(vec!["e", "f"], ttl, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.obtain(&owned[0], ttl, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.obtain(owned[0].clone(), ttl, &o)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(env.dbsize().await, 0);
+}
