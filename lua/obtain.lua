@@ -8,12 +8,12 @@
 -- ARGV[5]  "1" when the caller waits for a held key: mark the holder's value with a leading
 --          "!" so that its release announces itself (see release.lua)
 --
--- Reply: {1, fence, preheld}  every key is ours, with the counter's new value (false without
---                             fencing); preheld counts the keys this owner already held
---        {0, pttl, i}         KEYS[i] is held by another owner, for pttl more ms (-1: no expiry)
---        {2, key}             key holds a value of the wrong type
---        an error reply       any other error (a counter that is not an integer, OOM, ...)
--- Whenever the reply is not {1, ...}, nothing was changed (but for the waiter's mark).
+-- Reply: {1, fence}     every key is ours, with the counter's new value (false without fencing)
+--        {0, pttl, i}  KEYS[i] is held by another owner, for pttl more ms (-1: no expiry)
+--        {2, key}      key holds a value of the wrong type
+--        an error      any other error (a counter that is not an integer or not positive, OOM)
+-- Whenever the reply is not {1, ...}, nothing was changed (but for the waiter's mark, which
+-- is only ever put on values this library wrote: "<digits>:...").
 --
 -- A key this owner already holds (a re-obtain by token) keeps the longer of its remaining TTL
 -- and the new one: a re-obtain never shortens what an earlier obtain by the same token was
@@ -54,7 +54,7 @@ end
 
 local function held_by_another(i, current)
   undo()
-  if mark_holder and string.byte(current, 1) ~= 33 then
+  if mark_holder and string.find(current, '^%d+:') then
     redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
   end
   return {0, redis.call('PTTL', KEYS[i]), i}
@@ -90,8 +90,9 @@ else
     end
   end
   for j = 1, #free do
+    -- A status reply is a table too: {ok = 'OK'}; an error has `err`.
     local done = redis.pcall('SET', KEYS[free[j]], value, 'PX', ttl)
-    if type(done) == 'table' then
+    if type(done) == 'table' and done.err then
       return failed(done, KEYS[free[j]])
     end
     fresh[#fresh + 1] = free[j]
@@ -103,6 +104,10 @@ if counter then
   fence = redis.pcall('INCR', counter)
   if type(fence) == 'table' then
     return failed(fence, counter)
+  end
+  if fence < 1 then
+    undo()
+    return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. fence .. ', not positive')
   end
 end
 
@@ -121,4 +126,4 @@ for j = 1, #mine do
     redis.call('SET', KEYS[i], stored, 'KEEPTTL')
   end
 end
-return {1, fence, #mine}
+return {1, fence}

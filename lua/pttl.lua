@@ -3,7 +3,9 @@
 -- ARGV[1]  owner tag: "<token length>:<token>"
 -- ARGV[2]  the lock's value: owner tag followed by its metadata
 --
--- Reply: -2 when any key is not ours (the lock is not held),
+-- Reply: -2 when some key holds another owner's value or another type (not held),
+--        -3 when no key is another owner's but some are missing (expired, or the server
+--           restarted empty),
 --        -1 when every key is held without an expiry,
 --        otherwise the smallest remaining time in milliseconds.
 local owner, value = ARGV[1], ARGV[2]
@@ -15,14 +17,21 @@ local function owned(current)
     or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
 end
 
-local least = -1
+local least, missing = -1, false
 for i = 1, #KEYS do
-  if not owned(redis.pcall('GET', KEYS[i])) then
+  local current = redis.pcall('GET', KEYS[i])
+  if not current then
+    missing = true
+  elseif not owned(current) then
     return -2
+  else
+    local left = redis.call('PTTL', KEYS[i])
+    if left >= 0 and (least < 0 or left < least) then
+      least = left
+    end
   end
-  local left = redis.call('PTTL', KEYS[i])
-  if left >= 0 and (least < 0 or left < least) then
-    least = left
-  end
+end
+if missing then
+  return -3
 end
 return least

@@ -6,7 +6,8 @@
 -- ARGV[3]  "PUBLISH", "SPUBLISH", or empty for no announcement
 -- ARGV[4]  the announcement's payload
 --
--- Reply: 1 when every key was deleted, 0 when the lock is not held (nothing changed).
+-- Reply: 1 when every key was deleted; 0 when some key holds another owner's value or another
+--        type, 2 when none does but some are missing: the lock is not held (nothing changed).
 --
 -- All or nothing: every key is checked before any is deleted, and every key is deleted before
 -- anything is announced. Announcing is best effort (redis.pcall): a user without channel
@@ -23,14 +24,25 @@ local function owned(current)
     or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
 end
 
+local missing = false
 for first = 1, count, CHUNK do
   local last = math.min(first + CHUNK - 1, count)
   local values = redis.call('MGET', unpack(KEYS, first, last))
   for j = 1, last - first + 1 do
-    if not owned(values[j]) then
+    local current = values[j]
+    if not current then
+      -- Missing, or not a string (MGET answers nil for both): tell them apart.
+      if redis.call('EXISTS', KEYS[first + j - 1]) == 1 then
+        return 0
+      end
+      missing = true
+    elseif not owned(current) then
       return 0
     end
   end
+end
+if missing then
+  return 2
 end
 
 for first = 1, count, CHUNK do

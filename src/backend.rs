@@ -9,7 +9,7 @@ use redis::aio::ConnectionLike;
 use crate::error::Result;
 use crate::quorum::{Quorum, Stragglers};
 use crate::request::Claim;
-use crate::store::{Obtain, Refresh, Store};
+use crate::store::{Obtain, Store};
 
 /// One server, or a quorum of masters.
 ///
@@ -35,14 +35,14 @@ where
     ) -> (Result<Obtain>, Stragglers) {
         match self {
             Self::Single(store) => (store.obtain(claim, mark_holder).await, Vec::new()),
-            Self::Quorum(quorum) => Box::pin(quorum.obtain(claim, random)).await,
+            Self::Quorum(quorum) => Box::pin(quorum.obtain(claim, random, mark_holder)).await,
         }
     }
 
     /// The lock's remaining TTL, `None` when not held.
     pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Option<Duration>> {
         match self {
-            Self::Single(store) => store.pttl(claim).await,
+            Self::Single(store) => Ok(store.pttl(claim).await?.ours()),
             Self::Quorum(quorum) => Box::pin(quorum.pttl(claim)).await,
         }
     }
@@ -52,7 +52,7 @@ where
         match self {
             Self::Single(store) => {
                 let refreshed = store.refresh(claim, false).await;
-                (refreshed.map(|r| r == Refresh::Extended), Vec::new())
+                (refreshed.map(|r| r.ours().is_some()), Vec::new())
             }
             Self::Quorum(quorum) => Box::pin(quorum.refresh(claim)).await,
         }
@@ -62,7 +62,7 @@ where
     /// held.
     pub(crate) async fn release(&self, claim: &Claim<'_>, payload: Option<&str>) -> Result<bool> {
         match self {
-            Self::Single(store) => store.release(claim, payload).await,
+            Self::Single(store) => Ok(store.release(claim, payload).await?.ours().is_some()),
             Self::Quorum(quorum) => Box::pin(quorum.release(claim, payload)).await,
         }
     }

@@ -11,12 +11,12 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::time::Instant;
 
 use crate::backend::Backend;
-use crate::error::{Error, InvalidInput, Result};
+use crate::error::{Error, InvalidInput, Result, is_outcome_unknown};
 use crate::events::Events;
 use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
 use crate::options::Options;
-use crate::policy::{self, Held, Step, Waiter};
+use crate::policy::{self, Held, Step, Try, Waiter};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
 use crate::request::{Claim, Ttl};
 use crate::signal::LostSignal;
@@ -59,8 +59,8 @@ struct Inner<C> {
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     cluster: bool,
     tasks: Tasks,
-    /// Release events this client's waiters listen to.
-    events: OnceLock<Events>,
+    /// Release events this client's waiters listen to: one server's, or each master's.
+    events: OnceLock<Box<[Events]>>,
     /// Whether waiters listen to `events` ([`Client::without_release_events`] turns it off).
     listen: AtomicBool,
     /// Whether releases are announced.
@@ -86,8 +86,8 @@ impl Client<redis::cluster_async::ClusterConnection> {
     /// common hash tag (`{user42}:cart`, `{user42}:wallet`). Scripts load on the node serving
     /// the slot (redis-rs loads them on every node after NOSCRIPT), and MOVED/ASK redirections
     /// during a resharding are followed by the cluster connection. Releases are announced with
-    /// sharded pub/sub (SPUBLISH); waiters poll (release events are not subscribed on a
-    /// cluster yet).
+    /// sharded pub/sub (SPUBLISH); waiters of a client made here poll, those of
+    /// [`Client::connect_cluster`] are woken by release events.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockset::Error> {
@@ -102,6 +102,32 @@ impl Client<redis::cluster_async::ClusterConnection> {
     pub fn cluster(conn: redis::cluster_async::ClusterConnection) -> Self {
         let store = Arc::new(Store::new_cluster(conn));
         Self::with_backend(Backend::Single(store), true, Tasks::default())
+    }
+
+    /// Connects to a Redis Cluster through the seed nodes `nodes` (feature `cluster`), with
+    /// release events on: waiters listen with sharded pub/sub (SSUBSCRIBE, or SUBSCRIBE
+    /// before Redis 7) on the shard that owns the key, following slot moves.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// let client = lockset::Client::connect_cluster(["redis://127.0.0.1:7000/"]).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect_cluster<T>(nodes: impl IntoIterator<Item = T>) -> Result<Self>
+    where
+        T: redis::IntoConnectionInfo,
+    {
+        let nodes = nodes
+            .into_iter()
+            .map(redis::IntoConnectionInfo::into_connection_info)
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let conn = redis::cluster::ClusterClient::new(nodes.clone())?
+            .get_async_connection()
+            .await?;
+        let client = Self::cluster(conn);
+        let _ = client.inner.events.set(Box::new([Events::cluster(nodes)]));
+        Ok(client)
     }
 }
 
@@ -169,7 +195,7 @@ where
             .inner
             .address
             .set(client.get_connection_info().addr().to_string());
-        let _ = self.inner.events.set(Events::new(client));
+        let _ = self.inner.events.set(Box::new([Events::new(client)]));
         Ok(self)
     }
 
@@ -191,7 +217,11 @@ where
     /// How many release channels this client's waiters listen on right now (zero when
     /// nobody waits).
     pub fn release_channels_watched(&self) -> usize {
-        self.events().map_or(0, Events::channels)
+        self.events()
+            .iter()
+            .map(Events::channels)
+            .max()
+            .unwrap_or(0)
     }
 
     /// A Redlock client: one lock over the independent masters behind `nodes` (single-server
@@ -220,10 +250,12 @@ where
     /// [`InvalidInput::NoNodes`] without masters, [`InvalidInput::DriftFactor`] for a drift
     /// factor outside [0, 1), [`InvalidInput::ZeroNodeTimeout`] for a zero per-node time
     /// limit, [`InvalidInput::NestedQuorum`] when a node is itself a quorum, and
+    /// [`InvalidInput::NestedQuorum`] also for a cluster client, and
     /// [`InvalidInput::DuplicateNode`] when two nodes are one server: the same client (or a
-    /// clone of it), or clients made by [`Client::connect`] or
-    /// [`Client::with_release_events`] for the same address. (A client made by
-    /// [`Client::new`] alone has no known address; only clones of it are recognised.)
+    /// clone of it), or clients for the same address (from [`Client::connect`] or
+    /// [`Client::with_release_events`]). Servers known under different names are told apart
+    /// by their run ids when the masters first answer: the first operation then fails with
+    /// that error.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockset::Error> {
@@ -243,21 +275,28 @@ where
     pub fn quorum(nodes: impl IntoIterator<Item = Self>, config: QuorumConfig) -> Result<Self> {
         let nodes: Vec<Self> = nodes.into_iter().collect();
         let mut stores = Vec::with_capacity(nodes.len());
-        for (index, node) in nodes.iter().enumerate() {
+        for (second, node) in nodes.iter().enumerate() {
             let Backend::Single(store) = node.backend() else {
                 return Err(InvalidInput::NestedQuorum.into());
             };
-            if let Some(twin) = nodes[..index].iter().find(|other| node.same_server(other)) {
-                return Err(InvalidInput::DuplicateNode {
-                    address: twin.address().unwrap_or("<unknown>").to_owned(),
-                }
-                .into());
+            if node.inner.cluster {
+                return Err(InvalidInput::NestedQuorum.into());
+            }
+            if let Some(first) = nodes[..second]
+                .iter()
+                .position(|other| node.same_server(other))
+            {
+                return Err(InvalidInput::DuplicateNode { first, second }.into());
             }
             stores.push(store.clone());
         }
         let tasks = Tasks::default();
         let quorum = Quorum::new(stores, config, tasks.clone())?;
-        Ok(Self::with_backend(Backend::Quorum(quorum), false, tasks))
+        let client = Self::with_backend(Backend::Quorum(quorum), false, tasks);
+        // Waiters listen on every master that has release events; any one may wake them.
+        let events = nodes.iter().flat_map(|node| node.events().iter().cloned());
+        let _ = client.inner.events.set(events.collect());
+        Ok(client)
     }
 
     /// Whether two single-server clients talk to the same server, as far as is known.
@@ -406,14 +445,16 @@ where
         };
         let deadline = options.deadline_from(start, ttl.duration);
         let mut waiter = Waiter::for_keys(self.events(), &keys);
-        let won = policy::run(&options.retry, deadline, &mut waiter, || attempt.run()).await?;
+        let won = policy::run(&options.retry, deadline, &mut waiter, |how| {
+            attempt.run(how)
+        })
+        .await?;
         let obtained = Obtained {
             keys,
             owner: won.owner,
             metadata: options.metadata.clone(),
             ttl,
             fence: won.fence,
-            sent: won.sent,
             valid_until: won.valid_until,
             stragglers: won.stragglers,
         };
@@ -447,12 +488,13 @@ where
         &self.inner.tasks
     }
 
-    /// The release events this client's waiters listen to, unless turned off.
-    pub(crate) fn events(&self) -> Option<&Events> {
-        if !self.inner.listen.load(Ordering::Relaxed) {
-            return None;
+    /// The release events this client's waiters listen to (none when turned off): one
+    /// server's, or each master's of a quorum.
+    pub(crate) fn events(&self) -> &[Events] {
+        match self.inner.events.get() {
+            Some(events) if self.inner.listen.load(Ordering::Relaxed) => events,
+            _ => &[],
         }
-        self.inner.events.get()
     }
 
     /// Whether this client's releases announce themselves.
@@ -476,7 +518,6 @@ struct Attempt<'a, C> {
 struct Won {
     owner: Owner,
     fence: Option<u64>,
-    sent: Instant,
     valid_until: Instant,
     stragglers: Stragglers,
 }
@@ -494,7 +535,7 @@ where
     /// random token, release by token then (before retrying or giving up, or in the
     /// background when dropped). A custom token may already have held these keys before
     /// this call, so they are left to expire with the TTL.
-    async fn run(&self) -> Step<Won> {
+    async fn run(&self, how: Try) -> Step<Won> {
         let owner = match self.custom {
             Some(owner) => Cow::Borrowed(owner),
             None => Cow::Owned(Owner::random()),
@@ -512,7 +553,11 @@ where
         let mut cleanup = CleanupOnDrop {
             attempt: random.then_some((self.client, &claim)),
         };
-        let (outcome, stragglers) = self.client.backend().obtain(&claim, random, false).await;
+        let (outcome, stragglers) = self
+            .client
+            .backend()
+            .obtain(&claim, random, how.mark_holder)
+            .await;
         // Settled: no clean-up on drop from here on.
         cleanup.attempt = None;
         drop(cleanup);
@@ -524,14 +569,13 @@ where
                 Step::Done(Won {
                     owner: owner.into_owned(),
                     fence,
-                    sent,
                     valid_until,
                     stragglers,
                 })
             }
             Ok(Obtain::Held { ttl, key }) => Step::Held(Held { ttl, key }),
-            // No reply: the script may or may not have run.
-            Err(Error::Redis(err)) if err.is_timeout() || err.is_connection_dropped() => {
+            // No intact reply: the script may or may not have run.
+            Err(Error::Redis(err)) if is_outcome_unknown(&err) => {
                 if random {
                     self.release_unknown(&claim).await;
                 }

@@ -48,8 +48,8 @@ pub enum Error {
     #[error(transparent)]
     InvalidInput(#[from] InvalidInput),
 
-    /// Redis did not answer while obtaining: the connection's response timeout passed, or
-    /// the connection dropped before the reply arrived.
+    /// No intact reply came while obtaining: the connection's response timeout passed, the
+    /// connection dropped, or the reply was cut off.
     ///
     /// The script may still have run, so the outcome is unknown. Before returning this
     /// error the client released the keys by the attempt's token (best effort, random tokens
@@ -116,9 +116,12 @@ impl std::fmt::Display for QuorumOp {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum NodeFailure {
-    /// The lock is held by another owner there (obtain), or is not ours there (refresh,
-    /// release).
+    /// The lock is held by another owner there (obtain), or another owner's value (or type)
+    /// is in one of its keys there (refresh, release, TTL).
     Refused,
+    /// The lock's keys are gone there (expired, or the master restarted empty), and no other
+    /// owner has them.
+    Missing,
     /// No answer within the per-node time limit.
     TimedOut(Duration),
     /// A key holds a non-string value there.
@@ -160,7 +163,8 @@ impl From<Error> for NodeFailure {
 impl std::fmt::Display for NodeFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Refused => f.write_str("held by another owner or not ours"),
+            Self::Refused => f.write_str("held by another owner"),
+            Self::Missing => f.write_str("the keys are gone"),
             Self::TimedOut(limit) => write!(f, "no answer within {limit:?}"),
             Self::WrongType(key) => write!(f, "key {key:?} holds a non-string value"),
             Self::Redis(err) => write!(f, "{err}"),
@@ -251,6 +255,11 @@ pub(crate) fn is_unreachable(err: &redis::RedisError) -> bool {
         || err.is_io_error()
 }
 
+/// No intact reply came (none, or a cut one): the request may or may not have run.
+pub(crate) fn is_outcome_unknown(err: &redis::RedisError) -> bool {
+    is_unreachable(err) || err.kind() == redis::ErrorKind::Parse
+}
+
 /// Input rejected before anything was sent to Redis.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -334,13 +343,15 @@ pub enum InvalidInput {
         /// The counter key.
         key: String,
     },
-    /// Two nodes of a Redlock quorum are the same server: a majority would count it twice.
-    #[error(
-        "invalid input: a quorum's masters must be distinct servers, but {address} appears twice"
-    )]
+    /// Two nodes of a Redlock quorum are the same server (the same client, the same
+    /// address, or, found when the masters first answer, the same run id): a majority would
+    /// count it twice.
+    #[error("invalid input: masters {first} and {second} of the quorum are the same server")]
     DuplicateNode {
-        /// The server's address (`<unknown>` for two clones of a client without one).
-        address: String,
+        /// The position of the first of the two in the quorum.
+        first: usize,
+        /// The position of the second.
+        second: usize,
     },
     /// A Redlock quorum's per-node time limit is zero: no master could ever answer.
     #[error("invalid input: a quorum's node timeout must not be zero")]

@@ -71,11 +71,13 @@ where
     ///
     /// As [`Lock::release`]: [`Error::NotHeld`](crate::Error::NotHeld) when the lock was lost.
     pub async fn release(mut self) -> Result<()> {
-        self.armed = false;
         if let Some(watchdog) = self.watchdog.take() {
             watchdog.stop().await;
         }
-        self.lock.release_keys().await
+        let released = self.lock.release_keys().await;
+        // Only now: if this future is dropped before, the guard's drop still releases.
+        self.armed = false;
+        released
     }
 }
 

@@ -43,16 +43,23 @@ pub struct Lock<C> {
 ///
 /// It follows the last successful obtain or refresh, ordered by when each was *sent* (its TTL
 /// counts from then; the keys expire no earlier on the server), also when that makes it
-/// shorter. It only ever shrinks otherwise: a refresh with an unknown outcome may have run
-/// with its TTL, and a TTL query may learn that the keys live shorter. Once the lock is known
-/// lost or released, it is over for good: nothing moves it forward again.
+/// shorter. Every refresh caps it before it is sent: until a reply confirms it, the refresh
+/// may have run (or may still run, if its caller went away), and a shorter TTL would then
+/// end the keys sooner. A confirmation lifts the caps of refreshes sent before it (they ran
+/// before it, on each server's connection), never of those sent after. A TTL query that
+/// learns that the keys live shorter caps it too. Once the lock is known lost or released,
+/// it is over for good: nothing moves it forward again.
 ///
 /// The channel behind [`LostSignal`]s is only made when the first signal is asked for: most
 /// locks never need one, and it costs an allocation and wake-ups on every release.
 struct Validity {
     until: Instant,
-    /// When the operation that set `until` was sent.
-    basis: Instant,
+    /// The sequence number of the operation that set `until` (the obtain is 0).
+    basis: u64,
+    /// The last sequence number given to a refresh.
+    sent: u64,
+    /// Refreshes sent after `basis` that no reply confirmed: their number and cap.
+    unconfirmed: Vec<(u64, Instant)>,
     lost: bool,
     signal: Option<watch::Sender<Instant>>,
 }
@@ -65,12 +72,25 @@ impl Validity {
         }
     }
 
-    /// A successful obtain or refresh sent at `sent` made the lock valid until `until`.
-    fn confirmed(&mut self, sent: Instant, until: Instant) {
-        if !self.lost && sent > self.basis {
-            self.basis = sent;
-            self.set(until);
+    /// A refresh is about to be sent, which may make the keys live only until `cap`: caps
+    /// the validity and returns the refresh's sequence number.
+    fn sending(&mut self, cap: Instant) -> u64 {
+        self.sent += 1;
+        self.unconfirmed.push((self.sent, cap));
+        self.at_most(cap);
+        self.sent
+    }
+
+    /// Refresh number `seq` succeeded: valid until `until`, unless a refresh sent after it
+    /// (unconfirmed) caps it sooner.
+    fn confirmed(&mut self, seq: u64, until: Instant) {
+        if self.lost || seq <= self.basis {
+            return;
         }
+        self.basis = seq;
+        self.unconfirmed.retain(|(sent, _)| *sent > seq);
+        let cap = self.unconfirmed.iter().map(|(_, cap)| *cap).min();
+        self.set(cap.map_or(until, |cap| cap.min(until)));
     }
 
     /// The lock may not be valid beyond `until`.
@@ -82,6 +102,7 @@ impl Validity {
 
     fn lost(&mut self) {
         self.lost = true;
+        self.unconfirmed.clear();
         self.at_most(Instant::now());
     }
 }
@@ -93,9 +114,7 @@ pub(crate) struct Obtained {
     pub(crate) metadata: String,
     pub(crate) ttl: Ttl,
     pub(crate) fence: Option<u64>,
-    /// When the successful attempt was sent.
-    pub(crate) sent: Instant,
-    /// `sent` plus the TTL, less any drift allowance.
+    /// When the successful attempt was sent, plus the TTL, less any drift allowance.
     pub(crate) valid_until: Instant,
     pub(crate) stragglers: Stragglers,
 }
@@ -114,7 +133,9 @@ where
             fence: obtained.fence,
             validity: Mutex::new(Validity {
                 until: obtained.valid_until,
-                basis: obtained.sent,
+                basis: 0,
+                sent: 0,
+                unconfirmed: Vec::new(),
                 lost: false,
                 signal: None,
             }),
@@ -160,10 +181,16 @@ where
     ///
     /// It is the moment the last successful obtain or refresh was *sent*, plus its TTL (less
     /// Redlock's drift allowance): the keys expire no earlier on the server. A refresh to a
-    /// shorter TTL makes it shorter. It never claims more than is known: a refresh whose
-    /// outcome is unknown (no reply) counts as if it ran, when that would end the lock
-    /// sooner, and a [`Lock::ttl`] query that finds the keys expiring sooner shortens it.
-    /// Once the lock is known lost, or released, this is in the past for good.
+    /// shorter TTL makes it shorter. It never claims more than is known: a refresh counts as
+    /// if it ran from the moment it is sent, when that would end the lock sooner (its outcome
+    /// is unknown until it is confirmed, and a refresh whose caller went away may still run),
+    /// and a [`Lock::ttl`] query that finds the keys expiring sooner shortens it. Once the
+    /// lock is known lost, or released, this is in the past for good.
+    ///
+    /// Handles that share a token (a re-obtain by [`Options::token`](crate::Options::token))
+    /// are one owner: a refresh or release through one of them changes the keys of all, but
+    /// each handle's validity reflects only its own operations. Let the outermost handle
+    /// refresh and release, and let no inner handle outlive it.
     pub fn valid_until(&self) -> Instant {
         self.validity().until
     }
@@ -276,7 +303,7 @@ where
             &options.retry,
             deadline,
             &mut Waiter::sleeping(),
-            || async move {
+            |_| async move {
                 match self.refresh_once(ttl).await {
                     Ok(true) => Step::Done(()),
                     Ok(false) => Step::Stop(Error::NotObtained),
@@ -290,20 +317,24 @@ where
     /// One refresh attempt; keeps the validity up to date.
     pub(crate) async fn refresh_once(&self, ttl: Ttl) -> Result<bool> {
         let sent = Instant::now();
-        if self.valid_until() <= sent {
-            self.mark_lost();
-            return Ok(false);
-        }
+        let until = self.valid_for(sent, ttl.duration);
+        let seq = {
+            let mut validity = self.validity();
+            if validity.until <= sent {
+                validity.lost();
+                return Ok(false);
+            }
+            validity.sending(until)
+        };
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, ttl);
         let (refreshed, stragglers) = self.client.backend().refresh(&claim).await;
         self.keep(stragglers);
-        let until = self.valid_for(sent, ttl.duration);
         match &refreshed {
-            Ok(true) => self.validity().confirmed(sent, until),
+            Ok(true) => self.validity().confirmed(seq, until),
             Ok(false) => self.mark_lost(),
-            // It may have run (on some masters): the keys may live only until `until`.
-            Err(_) => self.validity().at_most(until),
+            // It may have run (on some masters): the cap taken when sending stays.
+            Err(_) => {}
         }
         refreshed
     }
@@ -323,17 +354,30 @@ where
         self.settle().await;
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, self.ttl);
-        let payload = self.client.announces().then_some("");
-        let release = self.client.backend().release(&claim, payload);
-        let released = match self.client.events() {
-            // Waiters of this client: hand over as soon as the release is on its way.
-            Some(events) if events.channels() > 0 => {
+        let events = self.client.events();
+        let payload = match events {
+            _ if !self.client.announces() => None,
+            [events] => Some(events.payload()),
+            _ => Some(String::new()),
+        };
+        let release = self.client.backend().release(&claim, payload.as_deref());
+        let released = match (events, &payload) {
+            // A waiter of this very client: hand over as soon as the release is on its way.
+            ([events], Some(payload)) if events.channels() > 0 => {
+                let channels = || self.keys.iter().map(|key| release_channel(key));
                 let hand_over = || {
-                    for key in &self.keys {
-                        events.hand_over(release_channel(key));
+                    for channel in channels() {
+                        events.hand_over(channel, payload);
                     }
                 };
-                after_queueing(release, hand_over).await?
+                let released = after_queueing(release, hand_over).await;
+                if !matches!(released, Ok(true)) {
+                    // Nothing was announced: no announcement is to be skipped.
+                    for channel in channels() {
+                        events.withdraw(channel, payload);
+                    }
+                }
+                released?
             }
             _ => release.await?,
         };

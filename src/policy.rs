@@ -50,51 +50,68 @@ impl<T> Step<T> {
 }
 
 /// Waits between attempts: sleeps, and when release events are on, listens to the release
-/// channel of the key that was held.
+/// channel of the key that was held (on every server that has events: one, or each master
+/// of a quorum).
 pub(crate) struct Waiter<'a> {
-    events: Option<&'a Events>,
+    events: &'a [Events],
     keys: &'a [String],
-    subscription: Option<Subscription>,
+    /// Subscriptions to the held key's channel, one per server.
+    listening: Vec<Subscription>,
 }
 
 impl<'a> Waiter<'a> {
     /// A waiter that only sleeps.
     pub(crate) fn sleeping() -> Self {
-        Self {
-            events: None,
-            keys: &[],
-            subscription: None,
-        }
+        Self::for_keys(&[], &[])
     }
 
-    /// A waiter for an obtain of `keys`, woken by release events when `events` is given.
-    pub(crate) fn for_keys(events: Option<&'a Events>, keys: &'a [String]) -> Self {
+    /// A waiter for an obtain of `keys`, woken by the release events of `events`.
+    pub(crate) fn for_keys(events: &'a [Events], keys: &'a [String]) -> Self {
         Self {
             events,
             keys,
-            subscription: None,
+            listening: Vec::new(),
         }
     }
 
-    /// Listens to the release channel of `keys[key]`; true when this is a new subscription,
-    /// after which the caller must try again at once: the release may have happened between
-    /// the failed attempt and the subscription.
-    async fn listen_to(&mut self, key: usize) -> bool {
-        let (Some(events), Some(key)) = (self.events, self.keys.get(key)) else {
+    /// Whether the next attempt should mark the holder so that its release announces
+    /// itself: only while this waiter listens for that announcement.
+    pub(crate) fn marking(&self) -> bool {
+        !self.listening.is_empty()
+    }
+
+    /// Whether a release event can wake this waiter: some server confirmed the subscription.
+    fn listening(&self) -> bool {
+        self.listening.iter().any(Subscription::is_live)
+    }
+
+    /// Listens to the release channel of `keys[key]`, confirming the subscription no later
+    /// than `until`. True when the waiter just started listening (or listens again after the
+    /// subscription was lost): then the caller should try again at once, since the release
+    /// may have happened before the subscription took effect.
+    async fn listen_to(&mut self, key: usize, until: Option<Instant>) -> bool {
+        let Some(key) = self.keys.get(key) else {
             return false;
         };
-        let channel = release_channel(key);
-        if self
-            .subscription
-            .as_ref()
-            .is_some_and(|s| s.channel() == channel)
-        {
+        if self.events.is_empty() {
             return false;
         }
-        // Replace any subscription to another key first, so it never lingers.
-        self.subscription = None;
-        self.subscription = Some(events.subscribe(channel).await);
-        true
+        let channel = release_channel(key);
+        let same = self
+            .listening
+            .first()
+            .is_some_and(|s| s.channel() == channel);
+        if same && self.listening() {
+            return false;
+        }
+        if !same {
+            // Leave the old channel first, so that it never lingers.
+            self.listening.clear();
+            self.listening = self.events.iter().map(|e| e.subscribe(channel)).collect();
+        }
+        let confirmations = self.listening.iter().map(|s| s.confirm(until));
+        let confirmed = futures_util::future::join_all(confirmations).await;
+        confirmed.contains(&true)
     }
 
     /// Waits until `until` (forever when `None`) or a release event; true when woken by
@@ -106,22 +123,38 @@ impl<'a> Waiter<'a> {
                 None => std::future::pending().await,
             }
         };
-        match &self.subscription {
-            Some(subscription) => tokio::select! {
-                () = subscription.released() => true,
-                () = sleep => false,
-            },
-            None => {
-                sleep.await;
-                false
+        let released = async {
+            match self.listening.as_slice() {
+                [] => std::future::pending().await,
+                [one] => one.released().await,
+                many => {
+                    let each = many.iter().map(|s| Box::pin(s.released()));
+                    futures_util::future::select_all(each).await;
+                }
             }
+        };
+        tokio::select! {
+            () = released => true,
+            () = sleep => false,
         }
     }
+}
+
+/// How an attempt should go about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Try {
+    /// Mark the holder, if the lock is held, so that its release announces itself.
+    pub(crate) mark_holder: bool,
 }
 
 /// Runs `attempt` until it is done, fails for good, the strategy gives up, or the deadline
 /// passes. Between attempts, waits for the strategy's next delay, cut short by a release
 /// event or the holder's expiry; never waits past the deadline.
+///
+/// Every attempt after the first takes one delay from the strategy and happens before the
+/// deadline, also the one made at once after starting to listen for release events; and
+/// never two such unslept attempts in a row, so that a waiter whose blocking key keeps
+/// changing cannot spin.
 pub(crate) async fn run<T, F, Fut>(
     retry: &Retry,
     deadline: Option<Instant>,
@@ -129,12 +162,16 @@ pub(crate) async fn run<T, F, Fut>(
     mut attempt: F,
 ) -> Result<T>
 where
-    F: FnMut() -> Fut,
+    F: FnMut(Try) -> Fut,
     Fut: Future<Output = Step<T>>,
 {
     let mut backoff = retry.backoff();
+    let mut rechecked = false;
     loop {
-        let (failure, held) = match attempt().await {
+        let how = Try {
+            mark_holder: waiter.marking(),
+        };
+        let (failure, held) = match attempt(how).await {
             Step::Done(value) => return Ok(value),
             Step::Stop(err) => return Err(err),
             Step::Again(err) => (err, None),
@@ -143,12 +180,10 @@ where
         let Some(delay) = backoff.next() else {
             return Err(failure);
         };
-        if let Some(held) = held
-            && waiter.listen_to(held.key).await
-        {
-            continue;
-        }
         let now = Instant::now();
+        if deadline.is_some_and(|deadline| now >= deadline) {
+            return Err(at_deadline(failure));
+        }
         let mut wake = now.checked_add(delay);
         // Expiry publishes nothing: retry when the holder's lock runs out at the latest.
         if let Some(expiry) = held
@@ -157,19 +192,37 @@ where
         {
             wake = Some(wake.map_or(expiry, |wake| wake.min(expiry)));
         }
-        let listening = waiter.subscription.is_some();
-        let until = match (wake, deadline) {
-            // Nothing can wake us before the deadline but a release event.
-            (Some(wake), Some(deadline)) if wake >= deadline && !listening => {
-                return Err(at_deadline(failure));
-            }
-            (Some(wake), Some(deadline)) => Some(wake.min(deadline)),
-            (wake, deadline) => wake.or(deadline),
-        };
+        let until = earliest(wake, deadline);
+        // Confirming a subscription takes no longer than this waiter would sleep anyway.
+        if let Some(held) = held
+            && waiter.listen_to(held.key, until).await
+            && !rechecked
+        {
+            rechecked = true;
+            continue;
+        }
+        rechecked = false;
+        let listening = waiter.listening();
+        if !listening
+            && wake
+                .zip(deadline)
+                .is_some_and(|(wake, deadline)| wake >= deadline)
+        {
+            // Nothing can wake us before the deadline.
+            return Err(at_deadline(failure));
+        }
         let woken = waiter.wait(until).await;
         if !woken && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             return Err(at_deadline(failure));
         }
+    }
+}
+
+/// The earlier of two optional instants (`None`: never).
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

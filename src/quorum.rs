@@ -7,11 +7,12 @@
 //! every master that is up ends up with the lock, or with the refresh.
 //!
 //! - **Obtain** counts only if a majority locked the whole key set **and** the validity
-//!   `ttl − elapsed − drift` is still positive. Otherwise it is undone on every master once
-//!   that master's attempt has finished, and the caller waits for the undoing: a late
-//!   clean-up can then never delete a later attempt's lock. An attempt with the caller's own
-//!   token undoes only masters where it created every key: keys that token already held
-//!   before the call are never deleted (they may belong to an outer lock by the same token).
+//!   `ttl − elapsed − drift` is still positive. Otherwise an attempt with a fresh random
+//!   token is undone on every master once that master's attempt has finished, and the caller
+//!   waits for the undoing: a late clean-up can then never delete a later attempt's lock. An
+//!   attempt with the caller's own token is never undone: that token may hold the keys for
+//!   an outer lock, or for a concurrent or retried obtain by the same token, and the value
+//!   cannot tell them apart. Its keys on a minority of masters expire with the TTL.
 //! - **Refresh** extends keys that every master still holds. A master that lost the keys
 //!   (restarted empty) gets them back only after a majority confirmed that it still *holds*
 //!   the lock: a lock that expired everywhere is never brought back.
@@ -32,7 +33,7 @@ use tokio::time::{Instant, timeout};
 
 use crate::error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
 use crate::request::{Claim, OwnedClaim};
-use crate::store::{Obtain, Refresh, Store};
+use crate::store::{Holding, Obtain, Store};
 use crate::tasks::Tasks;
 
 /// Settings of a Redlock quorum ([`Client::quorum`](crate::Client::quorum)).
@@ -92,13 +93,16 @@ pub(crate) struct Quorum<C> {
     nodes: Vec<Arc<Store<C>>>,
     config: QuorumConfig,
     tasks: Tasks,
+    /// Set once every master answered with a run id of its own.
+    distinct: tokio::sync::OnceCell<()>,
 }
 
 /// How one master answered.
 enum Vote<T> {
     Yes(T),
-    /// The lock is someone else's (obtain), or not ours (refresh, release, TTL).
-    Refused,
+    /// The lock is not ours there: [`NodeFailure::Refused`] (another owner's) or
+    /// [`NodeFailure::Missing`].
+    No(NodeFailure),
     Failed(NodeFailure),
 }
 
@@ -133,7 +137,34 @@ where
             nodes,
             config,
             tasks,
+            distinct: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// Refuses masters that are one server under two names (the same run id), which a
+    /// majority would count twice. Checked once, when every master first answers.
+    async fn check_distinct(&self, limit: Duration) -> Result<()> {
+        if self.distinct.initialized() {
+            return Ok(());
+        }
+        let ids = self
+            .nodes
+            .iter()
+            .map(|store| async move { timeout(limit, store.run_id()).await });
+        let ids = futures_util::future::join_all(ids).await;
+        let mut seen: Vec<&str> = Vec::with_capacity(ids.len());
+        for (second, id) in ids.iter().enumerate() {
+            let Ok(Ok(id)) = id else {
+                // Not every master answered: check again next time.
+                return Ok(());
+            };
+            if let Some(first) = seen.iter().position(|other| other == id) {
+                return Err(InvalidInput::DuplicateNode { first, second }.into());
+            }
+            seen.push(id);
+        }
+        let _ = self.distinct.set(());
+        Ok(())
     }
 
     /// How many masters make a majority.
@@ -162,26 +193,33 @@ where
 
     /// Tries once to lock the claim's keys on a majority within the validity budget. An
     /// attempt with a fresh random token (`random`) is undone everywhere on failure; one with
-    /// the caller's token only where it created every key.
+    /// the caller's token only where it created every key. With `mark_holder`, each master
+    /// marks a held key for its holder's release to announce.
     pub(crate) async fn obtain(
         &self,
         claim: &Claim<'_>,
         random: bool,
+        mark_holder: bool,
     ) -> (Result<Obtain>, Stragglers) {
         let start = Instant::now();
         let limit = self.node_timeout(claim.ttl.duration);
+        if let Err(err) = self.check_distinct(limit).await {
+            return (Err(err), Vec::new());
+        }
         let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
             let claim = claim.claim();
-            let (vote, undo) = match timeout(limit, store.obtain(&claim, false)).await {
-                Ok(Ok(Obtain::Obtained { preheld, .. })) => (Vote::Yes(()), random || !preheld),
+            let obtained = timeout(limit, store.obtain(&claim, mark_holder)).await;
+            let vote = match obtained {
+                Ok(Ok(Obtain::Obtained { .. })) => Vote::Yes(()),
                 // Nothing was written there.
-                Ok(Ok(Obtain::Held { .. })) => (Vote::Refused, false),
-                Ok(Err(err)) => (Vote::Failed(NodeFailure::from(err)), random),
-                Err(_) => (Vote::Failed(NodeFailure::TimedOut(limit)), random),
+                Ok(Ok(Obtain::Held { .. })) => Vote::No(NodeFailure::Refused),
+                Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
+                Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
             };
+            let written = !matches!(vote, Vote::No(_));
             let _ = votes.send(vote);
             // A caller that went away (cancelled) will not use the lock: undo it too.
-            if undo && verdict.wait().await != Verdict::Success {
+            if random && written && verdict.wait().await != Verdict::Success {
                 let _ = timeout(limit, store.release_by_eval(&claim)).await;
             }
         });
@@ -191,10 +229,7 @@ where
         let success = matches!(verdict, Ok(true));
         let stragglers = decide(success);
         let outcome = verdict.map(|obtained| match obtained {
-            true => Obtain::Obtained {
-                fence: None,
-                preheld: false,
-            },
+            true => Obtain::Obtained { fence: None },
             false => Obtain::Held { ttl: None, key: 0 },
         });
         if success {
@@ -215,13 +250,8 @@ where
         let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
             let claim = claim.claim();
             let answer = timeout(limit, store.refresh(&claim, false)).await;
-            let missing = matches!(answer, Ok(Ok(Refresh::Missing)));
-            let vote = match answer {
-                Ok(Ok(Refresh::Extended)) => Vote::Yes(()),
-                Ok(Ok(Refresh::Missing | Refresh::NotHeld)) => Vote::Refused,
-                Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
-                Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
-            };
+            let missing = matches!(answer, Ok(Ok(Holding::Missing)));
+            let vote = Vote::from_answer(answer, limit);
             let _ = votes.send(vote);
             if missing && verdict.wait().await == Verdict::Success {
                 let _ = timeout(limit, store.refresh(&claim, true)).await;
@@ -240,7 +270,7 @@ where
     pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Option<Duration>> {
         let limit = self.node_timeout(claim.ttl.duration);
         let votes = self
-            .vote_in_place(limit, true, |store| async move { store.pttl(claim).await })
+            .vote_in_place(limit, true, |store| store.pttl(claim))
             .await;
         let left = votes
             .iter()
@@ -268,9 +298,7 @@ where
     pub(crate) async fn release(&self, claim: &Claim<'_>, payload: Option<&str>) -> Result<bool> {
         let limit = self.node_timeout(claim.ttl.duration);
         let votes = self
-            .vote_in_place(limit, false, |store| async move {
-                Ok(store.release(claim, payload).await?.then_some(()))
-            })
+            .vote_in_place(limit, false, |store| store.release(claim, payload))
             .await;
         self.verdict(QuorumOp::Release, votes, true)
     }
@@ -330,7 +358,7 @@ where
     ) -> Vec<(usize, Vote<T>)>
     where
         F: Fn(&'a Store<C>) -> Fut,
-        Fut: Future<Output = Result<Option<T>>>,
+        Fut: Future<Output = Result<Holding<T>>>,
     {
         let mut pending: FuturesUnordered<_> = self
             .nodes
@@ -344,12 +372,7 @@ where
         let mut tally = Tally::new(self.nodes.len(), self.majority());
         let mut votes = Vec::with_capacity(self.nodes.len());
         while let Some((index, answer)) = pending.next().await {
-            let vote = match answer {
-                Ok(Ok(Some(value))) => Vote::Yes(value),
-                Ok(Ok(None)) => Vote::Refused,
-                Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
-                Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
-            };
+            let vote = Vote::from_answer(answer, limit);
             tally.add(&vote);
             votes.push((index, vote));
             if early && tally.decided() {
@@ -369,19 +392,18 @@ where
         if yes >= self.majority() && valid {
             return Ok(true);
         }
-        let refused = votes
+        let not_ours = votes
             .iter()
-            .filter(|(_, v)| matches!(v, Vote::Refused))
+            .filter(|(_, v)| matches!(v, Vote::No(_)))
             .count();
-        if refused >= self.majority() {
+        if not_ours >= self.majority() {
             return Ok(false);
         }
         let mut failures: Vec<(usize, NodeFailure)> = votes
             .into_iter()
             .filter_map(|(index, vote)| match vote {
                 Vote::Yes(()) => None,
-                Vote::Refused => Some((index, NodeFailure::Refused)),
-                Vote::Failed(failure) => Some((index, failure)),
+                Vote::No(failure) | Vote::Failed(failure) => Some((index, failure)),
             })
             .collect();
         failures.sort_by_key(|(index, _)| *index);
@@ -402,10 +424,21 @@ where
 }
 
 impl<T> Vote<T> {
+    /// A master's answer within `limit` (`Err`: none came).
+    fn from_answer<E>(answer: Result<Result<Holding<T>>, E>, limit: Duration) -> Self {
+        match answer {
+            Ok(Ok(Holding::Ours(value))) => Self::Yes(value),
+            Ok(Ok(Holding::Missing)) => Self::No(NodeFailure::Missing),
+            Ok(Ok(Holding::Foreign)) => Self::No(NodeFailure::Refused),
+            Ok(Err(err)) => Self::Failed(NodeFailure::from(err)),
+            Err(_) => Self::Failed(NodeFailure::TimedOut(limit)),
+        }
+    }
+
     fn map<U>(self, f: impl FnOnce(T) -> U) -> Vote<U> {
         match self {
             Self::Yes(value) => Vote::Yes(f(value)),
-            Self::Refused => Vote::Refused,
+            Self::No(failure) => Vote::No(failure),
             Self::Failed(failure) => Vote::Failed(failure),
         }
     }
@@ -432,7 +465,7 @@ impl Tally {
     fn add<T>(&mut self, vote: &Vote<T>) {
         match vote {
             Vote::Yes(_) => self.yes += 1,
-            Vote::Refused | Vote::Failed(_) => self.no += 1,
+            Vote::No(_) | Vote::Failed(_) => self.no += 1,
         }
     }
 

@@ -23,17 +23,21 @@ pub(crate) const RELEASE_SOURCE: &str = include_str!("../lua/release.lua");
 /// Deletes every key of a held lock.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 
-/// Reply of `obtain.lua` for success: `{OBTAINED, fence, preheld}`.
+/// Reply of `obtain.lua` for success: `{OBTAINED, fence}`.
 pub(crate) const OBTAINED: i64 = 1;
 /// Reply of `obtain.lua` when another owner holds a key: `{HELD, pttl, index}`.
 pub(crate) const HELD: i64 = 0;
 /// Reply of `obtain.lua` when a key holds a non-string value: `{WRONG_TYPE, key}`.
 pub(crate) const WRONG_TYPE: i64 = 2;
-/// Reply of `pttl.lua` when the lock is not held.
+/// Reply of `pttl.lua` when some key is another owner's.
 pub(crate) const PTTL_NOT_HELD: i64 = -2;
+/// Reply of `pttl.lua` when some keys are missing and none is another owner's.
+pub(crate) const PTTL_MISSING: i64 = -3;
 /// Reply of `pttl.lua` when every key is held without expiry.
 pub(crate) const PTTL_PERSISTENT: i64 = -1;
-/// Reply of `refresh.lua` when every key was extended.
-pub(crate) const REFRESHED: i64 = 1;
-/// Reply of `refresh.lua` when some keys are missing and none is another owner's.
-pub(crate) const REFRESH_MISSING: i64 = 2;
+/// Reply of `refresh.lua` and `release.lua` when every key was ours (and was extended, or
+/// deleted).
+pub(crate) const DONE: i64 = 1;
+/// Reply of `refresh.lua` and `release.lua` when some keys are missing and none is another
+/// owner's (nothing changed).
+pub(crate) const MISSING: i64 = 2;

@@ -17,27 +17,40 @@ use crate::scripts;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Obtain {
     /// Every key is ours; with the fencing token minted, when one was asked for.
-    Obtained {
-        fence: Option<u64>,
-        /// Some keys were already held by this owner before the attempt (a re-obtain by
-        /// token): undoing the attempt must not delete them.
-        preheld: bool,
-    },
+    Obtained { fence: Option<u64> },
     /// Another owner holds `keys[key]`; its remaining TTL when known (`None`: unknown or
     /// no expiry).
     Held { ttl: Option<Duration>, key: usize },
 }
 
-/// What one refresh attempt found.
+/// What an operation on a held lock found: every key ours (and the operation done), or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refresh {
-    /// Every key was ours and now lives for the new TTL.
-    Extended,
+pub(crate) enum Holding<T> {
+    /// Every key was ours.
+    Ours(T),
     /// No key is another owner's, but some are missing (expired, or the server restarted
     /// empty). Nothing was changed.
     Missing,
-    /// Some key is another owner's. Nothing was changed.
-    NotHeld,
+    /// Some key holds another owner's value, or another type. Nothing was changed.
+    Foreign,
+}
+
+impl<T> Holding<T> {
+    /// The result when every key was ours.
+    pub(crate) fn ours(self) -> Option<T> {
+        match self {
+            Self::Ours(value) => Some(value),
+            Self::Missing | Self::Foreign => None,
+        }
+    }
+
+    fn from_reply(reply: i64, ours: T) -> Self {
+        match reply {
+            scripts::DONE => Self::Ours(ours),
+            scripts::MISSING => Self::Missing,
+            _ => Self::Foreign,
+        }
+    }
 }
 
 /// A connection to one Redis server, plus what we learned about that server.
@@ -73,13 +86,15 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
     /// Tries once to lock every key of `claim`, incrementing its fencing counter on
     /// success. With `mark_holder`, a held key's value is marked so that its holder's
-    /// release announces itself (the caller is about to wait for it).
+    /// release announces itself, and the holder's TTL is learned (the caller is about to
+    /// wait): a single key is still tried without a script first, since a waiter is
+    /// usually woken because the key was just released.
     pub(crate) async fn obtain(&self, claim: &Claim<'_>, mark_holder: bool) -> Result<Obtain> {
-        if !mark_holder
-            && claim.counter.is_none()
+        if claim.counter.is_none()
             && let [key] = claim.keys
             && self.set_nx_get.load(Ordering::Relaxed)
             && let Some(outcome) = self.obtain_one(key, claim).await?
+            && !(mark_holder && matches!(outcome, Obtain::Held { .. }))
         {
             return Ok(outcome);
         }
@@ -102,10 +117,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 .query_async(&mut self.conn.clone())
                 .await;
         match reply {
-            Ok(None) => Ok(Some(Obtain::Obtained {
-                fence: None,
-                preheld: false,
-            })),
+            Ok(None) => Ok(Some(Obtain::Obtained { fence: None })),
             // Held by ourselves: re-obtain by script, which also keeps the longer TTL.
             Ok(Some(holder)) if claim.owner.owns(&holder) => Ok(None),
             Ok(Some(_)) => Ok(Some(Obtain::Held { ttl: None, key: 0 })),
@@ -136,22 +148,23 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         parse_obtain_reply(reply)
     }
 
-    /// The smallest remaining TTL across the keys, or `None` when the lock is not held.
-    /// A lock held without expiry reports `Duration::MAX`.
-    pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Option<Duration>> {
+    /// The smallest remaining TTL across the keys, if they are ours. A lock held without
+    /// expiry reports `Duration::MAX`.
+    pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Holding<Duration>> {
         let args = (claim.owner.tag(), claim.value);
         let left: i64 = self.invoke(&scripts::PTTL, claim.keys, None, args).await?;
         Ok(match left {
-            scripts::PTTL_NOT_HELD => None,
-            scripts::PTTL_PERSISTENT => Some(Duration::MAX),
-            ms => Some(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+            scripts::PTTL_NOT_HELD => Holding::Foreign,
+            scripts::PTTL_MISSING => Holding::Missing,
+            scripts::PTTL_PERSISTENT => Holding::Ours(Duration::MAX),
+            ms => Holding::Ours(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
         })
     }
 
     /// Extends every key to the claim's TTL, only if every key is ours. With `restore`,
     /// missing keys are re-created with the claim's value (Redlock, once a majority is known
     /// to hold the lock, on a master that restarted empty).
-    pub(crate) async fn refresh(&self, claim: &Claim<'_>, restore: bool) -> Result<Refresh> {
+    pub(crate) async fn refresh(&self, claim: &Claim<'_>, restore: bool) -> Result<Holding<()>> {
         let args = (
             claim.owner.tag(),
             claim.value,
@@ -161,27 +174,40 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         let done: i64 = self
             .invoke(&scripts::REFRESH, claim.keys, None, args)
             .await?;
-        Ok(match done {
-            scripts::REFRESHED => Refresh::Extended,
-            scripts::REFRESH_MISSING => Refresh::Missing,
-            _ => Refresh::NotHeld,
-        })
+        Ok(Holding::from_reply(done, ()))
     }
 
-    /// Deletes every key, only if every key is ours; false when the lock is not held. With
-    /// an announcement, publishes `payload` on the release channel of each key.
-    pub(crate) async fn release(&self, claim: &Claim<'_>, announce: Option<&str>) -> Result<bool> {
-        let args = self.release_args(claim, announce);
+    /// Deletes every key, only if every key is ours. With a payload, announces the release
+    /// of each key that somebody waits for.
+    pub(crate) async fn release(
+        &self,
+        claim: &Claim<'_>,
+        payload: Option<&str>,
+    ) -> Result<Holding<()>> {
+        let args = self.release_args(claim, payload);
         let done: i64 = self
             .invoke(&scripts::RELEASE, claim.keys, None, args)
             .await?;
-        Ok(done == 1)
+        Ok(Holding::from_reply(done, ()))
+    }
+
+    /// The server's run id, which tells two servers apart whatever their addresses.
+    pub(crate) async fn run_id(&self) -> Result<String> {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let run_id = info
+            .lines()
+            .find_map(|line| line.strip_prefix("run_id:"))
+            .unwrap_or_default();
+        Ok(run_id.trim().to_owned())
     }
 
     /// Like [`Store::release`], but sends the script's source with EVAL. For clean-up after
     /// an obtain with an unknown outcome: if the server is stalled, this queues behind the
     /// obtain and must not depend on a NOSCRIPT fallback that nobody will be waiting to run.
-    pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<bool> {
+    pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
         let done: i64 = redis::cmd("EVAL")
             .arg(scripts::RELEASE_SOURCE)
             .arg(claim.keys.len())
@@ -189,7 +215,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             .arg(self.release_args(claim, None))
             .query_async(&mut self.conn.clone())
             .await?;
-        Ok(done == 1)
+        Ok(Holding::from_reply(done, ()))
     }
 
     fn release_args<'a>(
@@ -255,13 +281,13 @@ fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
         return Err(unexpected(&reply));
     };
     match items.as_slice() {
-        // Lua's false arrives as nil.
-        [Value::Int(scripts::OBTAINED), fence, Value::Int(preheld)] => Ok(Obtain::Obtained {
-            fence: match fence {
-                Value::Int(fence) => u64::try_from(*fence).ok(),
-                _ => None,
-            },
-            preheld: *preheld > 0,
+        // Lua's false arrives as nil (no fencing).
+        [Value::Int(scripts::OBTAINED)] | [Value::Int(scripts::OBTAINED), Value::Nil] => {
+            Ok(Obtain::Obtained { fence: None })
+        }
+        // The script refuses counters below 1.
+        [Value::Int(scripts::OBTAINED), Value::Int(fence)] => Ok(Obtain::Obtained {
+            fence: u64::try_from(*fence).ok(),
         }),
         [Value::Int(scripts::HELD), Value::Int(ms), Value::Int(index)] => Ok(Obtain::Held {
             ttl: u64::try_from(*ms).ok().map(Duration::from_millis),

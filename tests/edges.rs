@@ -548,3 +548,267 @@ async fn obtain_multi_takes_the_keys_people_have() {
         .unwrap();
     assert_eq!(env.dbsize().await, 0);
 }
+
+// ---------------------------------------------------------------------------------------
+// Found by review of the first fix: each failed on it.
+
+fn once() -> Options {
+    Options::default().retry(Retry::NoRetry)
+}
+
+/// Loads the scripts on every master.
+async fn warm_up(m: &Masters) {
+    m.redlock
+        .obtain_multi(["{w}:a", "{w}:b"], ms(10_000), &once())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_redlock_obtain_by_token_never_deletes_a_concurrent_success_by_that_token() {
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(2_000))).await;
+    warm_up(&m).await;
+    let keys = ["{j}:a", "{j}:b"];
+    let token = once().token("shared-token");
+    for server in &m.servers {
+        server.pause();
+    }
+    // The first attempt's validity runs out while the masters are paused.
+    let first = tokio::spawn({
+        let (redlock, token) = (m.redlock.clone(), token.clone());
+        async move { redlock.obtain_multi(keys, ms(50), &token).await }
+    });
+    tokio::time::sleep(ms(30)).await;
+    let second = tokio::spawn({
+        let (redlock, token) = (m.redlock.clone(), token.clone());
+        async move { redlock.obtain_multi(keys, ms(30_000), &token).await }
+    });
+    tokio::time::sleep(ms(100)).await;
+    for server in &m.servers {
+        server.resume();
+    }
+    assert!(first.await.unwrap().is_err());
+    let second = second.await.unwrap().expect("the second obtains");
+    eventually(ms(10_000), "background tasks", async || {
+        m.redlock.background_tasks() == 0
+    })
+    .await;
+    flush(&m).await;
+    let rival = m.redlock.obtain_multi(keys, ms(30_000), &once()).await;
+    assert!(
+        rival.is_err(),
+        "a rival obtained while the second believes {:?} more",
+        second
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_redlock_obtain_by_token_never_deletes_the_retry_by_that_token() {
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(2_000))).await;
+    warm_up(&m).await;
+    let keys = ["{j}:a", "{j}:b"];
+    let token = once().token("shared-token");
+    for server in &m.servers {
+        server.pause();
+    }
+    let first =
+        tokio::time::timeout(ms(50), m.redlock.obtain_multi(keys, ms(30_000), &token)).await;
+    assert!(first.is_err(), "cancelled");
+    let retry = tokio::spawn({
+        let (redlock, token) = (m.redlock.clone(), token.clone());
+        async move { redlock.obtain_multi(keys, ms(30_000), &token).await }
+    });
+    tokio::time::sleep(ms(50)).await;
+    for server in &m.servers {
+        server.resume();
+    }
+    let lock = retry.await.unwrap().expect("the retry obtains");
+    eventually(ms(10_000), "background tasks", async || {
+        m.redlock.background_tasks() == 0
+    })
+    .await;
+    flush(&m).await;
+    let rival = m.redlock.obtain_multi(keys, ms(30_000), &once()).await;
+    assert!(
+        rival.is_err(),
+        "a rival obtained while the retry believes {:?} more",
+        lock.valid_until().saturating_duration_since(Instant::now())
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_refresh_to_a_shorter_ttl_caps_the_validity() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let client = Client::connect(&proxy.url()).await.unwrap();
+    let lock = client.obtain("job", ms(60_000), &once()).await.unwrap();
+    // Load refresh.lua, so that the slow request below is the refresh itself.
+    lock.refresh(ms(60_000), &Options::default()).await.unwrap();
+    proxy.set_latency(ms(200));
+    let cancelled =
+        tokio::time::timeout(ms(50), lock.refresh(ms(1_000), &Options::default())).await;
+    assert!(cancelled.is_err(), "cancelled");
+    proxy.set_latency(Duration::ZERO);
+    assert!(
+        lock.valid_until() <= Instant::now() + ms(1_000),
+        "validity {:?} ahead, beyond the cancelled refresh's TTL",
+        lock.valid_until().saturating_duration_since(Instant::now())
+    );
+}
+
+#[tokio::test]
+async fn a_cancelled_redlock_refresh_to_a_shorter_ttl_caps_the_validity() {
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(2_000))).await;
+    let lock = m.redlock.obtain("job", ms(60_000), &once()).await.unwrap();
+    lock.refresh(ms(60_000), &Options::default()).await.unwrap();
+    for server in &m.servers {
+        server.pause();
+    }
+    let cancelled =
+        tokio::time::timeout(ms(50), lock.refresh(ms(1_000), &Options::default())).await;
+    for server in &m.servers {
+        server.resume();
+    }
+    assert!(cancelled.is_err(), "cancelled");
+    assert!(
+        lock.valid_until() <= Instant::now() + ms(1_000),
+        "validity {:?} ahead, beyond the cancelled refresh's TTL",
+        lock.valid_until().saturating_duration_since(Instant::now())
+    );
+}
+
+#[tokio::test]
+async fn a_confirmed_refresh_never_lifts_the_cap_of_a_later_unconfirmed_one() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let client = client_with_timeout(&proxy.url(), ms(300)).await;
+    let lock = client.obtain("job", ms(60_000), &once()).await.unwrap();
+    lock.refresh(ms(60_000), &Options::default()).await.unwrap();
+    proxy.set_latency(ms(100));
+    // A long refresh, then a short one sent after it and cancelled in flight: it still runs
+    // after the long one on the server.
+    let (long_options, short_options) = (Options::default(), Options::default());
+    let long = lock.refresh(ms(60_000), &long_options);
+    let short = async {
+        tokio::time::sleep(ms(20)).await;
+        let cancelled = tokio::time::timeout(ms(30), lock.refresh(ms(1_000), &short_options)).await;
+        assert!(cancelled.is_err(), "cancelled");
+        // The refresh was sent before this moment.
+        Instant::now()
+    };
+    let (long, short_sent) = tokio::join!(long, short);
+    long.unwrap();
+    proxy.set_latency(Duration::ZERO);
+    assert!(
+        lock.valid_until() <= short_sent + ms(1_000),
+        "validity {:?} ahead, beyond the later refresh's TTL",
+        lock.valid_until().saturating_duration_since(Instant::now())
+    );
+}
+
+#[tokio::test]
+async fn a_quorum_refuses_one_server_under_two_names() {
+    let a = RedisServer::start();
+    let b = RedisServer::start();
+    let nodes = [
+        Client::connect(&a.url()).await.unwrap(),
+        Client::connect(&format!("redis://localhost:{}/", a.port()))
+            .await
+            .unwrap(),
+        Client::connect(&b.url()).await.unwrap(),
+    ];
+    let quorum = Client::quorum(nodes, config()).unwrap();
+    let err = quorum.obtain("job", ms(10_000), &once()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(InvalidInput::DuplicateNode {
+                first: 0,
+                second: 1
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_master_that_lost_the_keys_is_not_counted_as_held_by_another() {
+    let mut m = Masters::start(config()).await;
+    let lock = m.redlock.obtain("job", ms(30_000), &once()).await.unwrap();
+    lock.refresh(ms(30_000), &once()).await.unwrap();
+    m.servers[0].restart();
+    m.servers[1].pause();
+    m.servers[2].pause();
+    // Let master 0's client reconnect.
+    let patient = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(10_000));
+    m.nodes[0]
+        .obtain("probe", ms(1_000), &patient)
+        .await
+        .unwrap();
+    let err = lock.refresh(ms(30_000), &once()).await.unwrap_err();
+    m.servers[1].resume();
+    m.servers[2].resume();
+    assert!(err.is_unavailable() && !err.is_not_obtained(), "{err}");
+}
+
+#[tokio::test]
+async fn a_waiter_never_rewrites_a_value_this_library_did_not_write() {
+    let env = Env::start().await;
+    env.cmd::<String>(&["SET", "job", "hello"]).await;
+    let options = Options::default()
+        .retry(Retry::linear(ms(10)))
+        .timeout(ms(300));
+    let err = env
+        .client
+        .obtain("job", ms(1_000), &options)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    assert_eq!(env.get("job").await.as_deref(), Some("hello"));
+}
+
+#[tokio::test]
+async fn a_negative_fencing_counter_is_an_error_and_locks_nothing() {
+    let env = Env::start().await;
+    env.cmd::<String>(&["SET", "{job}:fence", "-5"]).await;
+    let err = env
+        .client
+        .obtain("job", ms(60_000), &once().fencing())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("not positive"), "{err}");
+    assert!(!env.exists("job").await);
+}
+
+#[tokio::test]
+async fn a_cancelled_guard_release_still_releases_on_drop() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let client = Client::connect(&proxy.url()).await.unwrap();
+    let guard = client
+        .obtain("job", ms(60_000), &once())
+        .await
+        .unwrap()
+        .into_guard();
+    proxy.set_latency(ms(200));
+    let cancelled = tokio::time::timeout(ms(50), guard.release()).await;
+    assert!(cancelled.is_err(), "cancelled");
+    proxy.set_latency(Duration::ZERO);
+    let mut raw = support::connect(&server).await;
+    eventually(ms(10_000), "released", async || {
+        let exists: i64 = lockset::redis::cmd("EXISTS")
+            .arg("job")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        exists == 0
+    })
+    .await;
+}

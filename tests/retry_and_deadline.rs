@@ -41,35 +41,40 @@ async fn retry_succeeds_once_the_holder_expires() {
     );
 }
 
+/// The keys of a lock whose every attempt is one EVALSHA; the first is held by `hold`.
+const SET: [&str; 2] = ["{job}:a", "{job}:b"];
+
 #[tokio::test]
 async fn limit_retry_makes_n_plus_one_attempts_then_not_obtained() {
     let env = Env::start().await;
-    let _held = hold(&env, "job").await;
-    let before = env.calls("set").await;
+    env.load_scripts().await;
+    let _held = hold(&env, SET[0]).await;
+    let before = env.attempts().await;
     let options = Options::default()
         .retry(Retry::linear(ms(1)).limit(3))
         .timeout(Duration::from_secs(30));
     let err = env
         .client
-        .obtain("job", ms(10_000), &options)
+        .obtain_multi(SET, ms(10_000), &options)
         .await
         .unwrap_err();
     assert!(matches!(err, Error::NotObtained), "{err:?}");
-    assert_eq!(env.calls("set").await - before, 4);
+    assert_eq!(env.attempts().await - before, 4);
 }
 
 #[tokio::test]
 async fn retry_state_is_fresh_for_every_call_and_task() {
     let env = Env::start().await;
-    let _held = hold(&env, "job").await;
+    env.load_scripts().await;
+    let _held = hold(&env, SET[0]).await;
     let options = Options::default()
         .retry(Retry::linear(ms(1)).limit(2))
         .timeout(Duration::from_secs(30));
-    let before = env.calls("set").await;
+    let before = env.attempts().await;
     for _ in 0..3 {
         assert!(
             env.client
-                .obtain("job", ms(10_000), &options)
+                .obtain_multi(SET, ms(10_000), &options)
                 .await
                 .is_err()
         );
@@ -77,13 +82,13 @@ async fn retry_state_is_fresh_for_every_call_and_task() {
     let tasks: Vec<_> = (0..5)
         .map(|_| {
             let (client, options) = (env.client.clone(), options.clone());
-            tokio::spawn(async move { client.obtain("job", ms(10_000), &options).await })
+            tokio::spawn(async move { client.obtain_multi(SET, ms(10_000), &options).await })
         })
         .collect();
     for task in tasks {
         assert!(task.await.unwrap().unwrap_err().is_not_obtained());
     }
-    assert_eq!(env.calls("set").await - before, 8 * 3);
+    assert_eq!(env.attempts().await - before, 8 * 3);
 }
 
 #[tokio::test]

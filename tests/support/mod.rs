@@ -61,6 +61,31 @@ impl Env {
         self.cmd(&["DBSIZE"]).await
     }
 
+    /// Loads the lock scripts, so that every later attempt of a multi-key obtain is exactly
+    /// one EVALSHA (see [`Env::attempts`]).
+    pub async fn load_scripts(&self) {
+        let lock = self
+            .client
+            .obtain_multi(
+                ["{warm}:a", "{warm}:b"],
+                ms(10_000),
+                &lockset::Options::default(),
+            )
+            .await
+            .expect("warm-up obtain");
+        lock.ttl().await.expect("warm-up ttl");
+        lock.refresh(ms(10_000), &lockset::Options::default())
+            .await
+            .expect("warm-up refresh");
+        lock.release().await.expect("warm-up release");
+    }
+
+    /// How many obtain attempts of multi-key locks the server saw (after [`Env::load_scripts`]):
+    /// each is one EVALSHA, on every Redis version.
+    pub async fn attempts(&self) -> u64 {
+        self.calls("evalsha").await
+    }
+
     /// How many times the server ran `command` (from INFO commandstats).
     pub async fn calls(&self, command: &str) -> u64 {
         let info: String = self.cmd(&["INFO", "commandstats"]).await;

@@ -1,0 +1,332 @@
+//! Waiting you can trust: release events never hang a deadline, never lose a wake-up, never
+//! spin, and reach waiters on a Redlock quorum too. Every waiter here polls so slowly that
+//! only a release event (or the holder's expiry) can wake it within the bounds checked.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lockset::redis::aio::ConnectionManager;
+use lockset::{Client, Options, QuorumConfig, Retry};
+use support::masters::Masters;
+use support::proxy::Proxy;
+use support::{Env, RedisServer, eventually, ms};
+use tokio::time::{Instant, timeout};
+
+/// Polling alone would wait 15 s between attempts.
+fn slow_polling() -> Options {
+    Options::default()
+        .retry(Retry::linear(Duration::from_secs(15)))
+        .timeout(Duration::from_secs(120))
+}
+
+/// How soon a waiter must have the lock after a release: far beyond the event path (about a
+/// millisecond), far below the polling interval.
+const WOKEN_WITHIN: Duration = Duration::from_millis(1_500);
+
+/// A client whose lock commands go straight to `server` and whose release events go
+/// through `events_url` (a proxy, to inject faults into the pub/sub connection only).
+async fn client_with_events_via(
+    server: &RedisServer,
+    events_url: &str,
+) -> Client<ConnectionManager> {
+    let direct = lockset::redis::Client::open(server.url()).unwrap();
+    let conn = ConnectionManager::new(direct).await.unwrap();
+    let events = lockset::redis::Client::open(events_url).unwrap();
+    Client::new(conn).with_release_events(events).unwrap()
+}
+
+/// Spawns an obtain of `key` on `client`; returns it with the moment it was spawned.
+fn wait_for(
+    client: &Client<ConnectionManager>,
+    key: &'static str,
+    options: Options,
+) -> tokio::task::JoinHandle<Result<lockset::Lock<ConnectionManager>, lockset::Error>> {
+    let client = client.clone();
+    tokio::spawn(async move { client.obtain(key, ms(60_000), &options).await })
+}
+
+/// Asserts that `waiter` obtains within [`WOKEN_WITHIN`] of now.
+async fn woken(
+    waiter: tokio::task::JoinHandle<Result<lockset::Lock<ConnectionManager>, lockset::Error>>,
+    what: &str,
+) -> lockset::Lock<ConnectionManager> {
+    let released = Instant::now();
+    let lock = timeout(Duration::from_secs(30), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: never woken"))
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(took < WOKEN_WITHIN, "{what}: woken only after {took:?}");
+    lock
+}
+
+#[tokio::test]
+async fn an_obtain_with_a_deadline_returns_although_the_pubsub_connection_hangs() {
+    let env = Env::start().await;
+    let proxy = Proxy::start(env.server.port()).await;
+    let client = client_with_events_via(&env.server, &proxy.url()).await;
+    let _held = env
+        .other_client()
+        .await
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    // The pub/sub connection accepts and never answers (a stalled proxy, half-open TCP).
+    proxy.stall(true);
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(500));
+    let start = Instant::now();
+    let outcome = timeout(
+        Duration::from_secs(20),
+        client.obtain("job", ms(1_000), &options),
+    )
+    .await
+    .expect("obtain hung past its deadline");
+    let took = start.elapsed();
+    let err = outcome.unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert!(took >= ms(500), "gave up early, after {took:?}");
+    assert!(took < ms(3_000), "returned only after {took:?}");
+    // Polling still works meanwhile: a free key is obtained at once.
+    client
+        .obtain("free", ms(1_000), &options)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxy.stall(false);
+}
+
+#[tokio::test]
+async fn a_release_that_found_its_lock_expired_swallows_no_later_wake_up() {
+    let env = Env::start().await;
+    let client = &env.client;
+    // Our own lock on "job" expires unnoticed.
+    let expired = client
+        .obtain("job", ms(100), &Options::default())
+        .await
+        .unwrap();
+    eventually(ms(10_000), "expiry", async || !env.exists("job").await).await;
+    // Another process takes it; one of our tasks waits for it.
+    let other = env.other_client().await;
+    let held = other
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter = wait_for(client, "job", slow_polling());
+    eventually(ms(10_000), "listening", async || {
+        client.release_channels_watched() == 1
+    })
+    .await;
+    eventually(ms(10_000), "holder marked", async || {
+        env.get("job").await.is_some_and(|v| v.starts_with('!'))
+    })
+    .await;
+    // Our stale release finds nothing to release: no hand-over happened.
+    assert!(expired.release().await.unwrap_err().is_not_held());
+    // The real release must reach the waiter.
+    held.release().await.unwrap();
+    woken(waiter, "after a stale release").await;
+}
+
+#[tokio::test]
+async fn a_deadline_passed_during_the_first_attempt_ends_the_obtain_without_subscribing() {
+    let env = Env::start().await;
+    let _held = env
+        .other_client()
+        .await
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let before = (env.calls("set").await, env.calls("evalsha").await);
+    let options = Options::default()
+        .retry(Retry::linear(ms(10)))
+        .deadline(Instant::now());
+    let err = env
+        .client
+        .obtain("job", ms(1_000), &options)
+        .await
+        .unwrap_err();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    let after = (env.calls("set").await, env.calls("evalsha").await);
+    assert_eq!(
+        after.0 - before.0 + after.1 - before.1,
+        1,
+        "one attempt only"
+    );
+    assert_eq!(
+        env.calls("subscribe").await,
+        0,
+        "subscribed past the deadline"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_blocking_key_keeps_changing_neither_spins_nor_misses_its_deadline() {
+    let env = Env::start().await;
+    let other = env.other_client().await;
+    // One of "{f}:a" and "{f}:b" is always held, and which one changes all the time.
+    let stop = Arc::new(AtomicBool::new(false));
+    let flipper = tokio::spawn({
+        let (other, stop) = (other.clone(), stop.clone());
+        async move {
+            let free = Options::default();
+            let mut held = other.obtain("{f}:a", ms(60_000), &free).await.unwrap();
+            let mut next = "{f}:b";
+            while !stop.load(Ordering::SeqCst) {
+                let now = other.obtain(next, ms(60_000), &free).await.unwrap();
+                held.release().await.unwrap();
+                held = now;
+                next = if next == "{f}:a" { "{f}:b" } else { "{f}:a" };
+            }
+            held.release().await.unwrap();
+        }
+    });
+    let options = Options::default()
+        .retry(Retry::linear(ms(100)))
+        .timeout(ms(1_000));
+    let start = Instant::now();
+    let outcome = timeout(
+        Duration::from_secs(30),
+        env.client
+            .obtain_multi(["{f}:a", "{f}:b"], ms(1_000), &options),
+    )
+    .await
+    .expect("spun past its deadline");
+    let took = start.elapsed();
+    stop.store(true, Ordering::SeqCst);
+    flipper.await.unwrap();
+    assert!(outcome.unwrap_err().is_deadline_exceeded());
+    assert!(took < ms(5_000), "returned only after {took:?}");
+}
+
+#[tokio::test]
+async fn a_release_missed_while_the_subscriber_reconnects_still_wakes_the_waiter() {
+    let env = Env::start().await;
+    let proxy = Proxy::start(env.server.port()).await;
+    let client = client_with_events_via(&env.server, &proxy.url()).await;
+    let held = env
+        .other_client()
+        .await
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter = wait_for(&client, "job", slow_polling());
+    eventually(ms(10_000), "holder marked", async || {
+        env.get("job").await.is_some_and(|v| v.starts_with('!'))
+    })
+    .await;
+    // The pub/sub connection breaks, and cannot come back yet.
+    proxy.stall(true);
+    proxy.drop_connections();
+    // The release is announced while nobody listens.
+    held.release().await.unwrap();
+    proxy.stall(false);
+    woken(waiter, "after the subscriber reconnected").await;
+}
+
+#[tokio::test]
+async fn the_holders_expiry_wakes_a_single_key_waiter() {
+    let env = Env::start().await;
+    let _held = env
+        .other_client()
+        .await
+        .obtain("job", ms(500), &Options::default())
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let lock = timeout(
+        Duration::from_secs(30),
+        env.client.obtain("job", ms(60_000), &slow_polling()),
+    )
+    .await
+    .expect("never woken");
+    lock.unwrap();
+    let took = start.elapsed();
+    assert!(took < ms(500) + WOKEN_WITHIN, "woken only after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_releases_wake_n_waiters_also_across_a_subscriber_reconnect() {
+    const WAITERS: usize = 8;
+    let env = Env::start().await;
+    let proxy = Proxy::start(env.server.port()).await;
+    let client = client_with_events_via(&env.server, &proxy.url()).await;
+    let held = env
+        .other_client()
+        .await
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    // Each waiter releases as soon as it has the lock, which must wake the next one.
+    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..WAITERS {
+        let (client, done) = (client.clone(), done.clone());
+        tokio::spawn(async move {
+            let lock = client
+                .obtain("job", ms(60_000), &slow_polling())
+                .await
+                .unwrap();
+            let _ = done.send(Instant::now());
+            lock.release().await.unwrap();
+        });
+    }
+    eventually(ms(10_000), "all listening", async || {
+        client.release_channels_watched() == 1
+            && env.get("job").await.is_some_and(|v| v.starts_with('!'))
+    })
+    .await;
+    held.release().await.unwrap();
+    let mut last = Instant::now();
+    for handed in 0..WAITERS {
+        if handed == WAITERS / 2 {
+            // The pub/sub connection breaks halfway through the chain.
+            proxy.drop_connections();
+        }
+        let at = timeout(Duration::from_secs(60), finished.recv())
+            .await
+            .unwrap_or_else(|_| panic!("hand-over {handed} never happened"))
+            .unwrap();
+        let took = at.saturating_duration_since(last);
+        assert!(took < WOKEN_WITHIN, "hand-over {handed} took {took:?}");
+        last = at;
+    }
+}
+
+#[tokio::test]
+async fn redlock_waiters_wake_on_a_release() {
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(300))).await;
+    let held = m
+        .redlock
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let redlock = m.redlock.clone();
+        async move { redlock.obtain("job", ms(60_000), &slow_polling()).await }
+    });
+    eventually(ms(10_000), "a majority marked", async || {
+        let mut marked = 0;
+        for i in 0..5 {
+            marked += usize::from(m.get(i, "job").await.is_some_and(|v| v.starts_with('!')));
+        }
+        marked >= 3
+    })
+    .await;
+    held.release().await.unwrap();
+    let released = Instant::now();
+    let lock = timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("never woken")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(took < WOKEN_WITHIN, "woken only after {took:?}");
+    lock.release().await.unwrap();
+}
