@@ -1,5 +1,7 @@
 -- Deletes every key of a lock, only if every key is still held by the owner, then announces
--- the release so that waiters can try at once instead of polling.
+-- the release of each key that somebody waits for (a waiter marked its value with a leading
+-- "!"), so that waiters can try at once instead of polling. A release nobody waits for
+-- announces nothing.
 --
 -- ARGV[1]  owner tag: "<token length>:<token>"
 -- ARGV[2]  the lock's value: owner tag followed by its metadata
@@ -25,6 +27,7 @@ local function owned(current)
 end
 
 local missing = false
+local marked = {}
 for first = 1, count, CHUNK do
   local last = math.min(first + CHUNK - 1, count)
   local values = redis.call('MGET', unpack(KEYS, first, last))
@@ -38,6 +41,8 @@ for first = 1, count, CHUNK do
       missing = true
     elseif not owned(current) then
       return 0
+    elseif string.byte(current, 1) == 33 then
+      marked[#marked + 1] = KEYS[first + j - 1]
     end
   end
 end
@@ -56,8 +61,8 @@ end
 if announce ~= '' then
   -- A key's release channel is named like the key (a separate namespace), which keeps it in
   -- the key's cluster slot for sharded pub/sub at no cost.
-  for i = 1, count do
-    redis.pcall(announce, KEYS[i], payload)
+  for i = 1, #marked do
+    redis.pcall(announce, marked[i], payload)
   end
 end
 return 1

@@ -330,3 +330,17 @@ async fn redlock_waiters_wake_on_a_release() {
     assert!(took < WOKEN_WITHIN, "woken only after {took:?}");
     lock.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_release_nobody_waits_for_announces_nothing() {
+    let env = Env::start().await;
+    for keys in [vec!["job"], vec!["{m}:a", "{m}:b", "{m}:c"]] {
+        let lock = env
+            .client
+            .obtain_multi(keys, ms(10_000), &Options::default())
+            .await
+            .unwrap();
+        lock.release().await.unwrap();
+    }
+    assert_eq!(env.calls("publish").await, 0);
+}
