@@ -193,3 +193,81 @@ async fn contention_on_a_cluster_loses_no_update() {
     }
     shared.assert_exclusive(16 * 50);
 }
+
+/// Polling alone would wait 15 s between attempts.
+fn slow_polling() -> Options {
+    Options::default()
+        .retry(Retry::linear(Duration::from_secs(15)))
+        .timeout(Duration::from_secs(120))
+}
+
+/// How soon a waiter must have the lock after a release.
+const WOKEN_WITHIN: Duration = Duration::from_millis(1_500);
+
+/// Waits until the holder of `key` is marked by a waiter (its release will announce).
+async fn marked(cluster: &Cluster, key: &str) {
+    let owner = cluster.owner_of(cluster.keyslot(key));
+    support::eventually(ms(10_000), "holder marked", async || {
+        cluster.cli(owner, &["GET", key]).starts_with('!')
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn cluster_waiters_wake_on_release() {
+    let cluster = Cluster::start();
+    let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let holder = client(&cluster).await;
+    for tag in ["a", "b", "c", "d"] {
+        let key = format!("{{{tag}}}:job");
+        let held = holder
+            .obtain(&key, ms(60_000), &Options::default())
+            .await
+            .unwrap();
+        let waiter = tokio::spawn({
+            let (waiting, key) = (waiting.clone(), key.clone());
+            async move { waiting.obtain(key, ms(60_000), &slow_polling()).await }
+        });
+        marked(&cluster, &key).await;
+        held.release().await.unwrap();
+        let released = tokio::time::Instant::now();
+        let lock = tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("never woken")
+            .unwrap()
+            .unwrap();
+        let took = released.elapsed();
+        assert!(took < WOKEN_WITHIN, "{key}: woken after {took:?}");
+        lock.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_cluster_waiter_follows_its_slot_when_it_moves() {
+    let cluster = Cluster::start();
+    let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let holder = client(&cluster).await;
+    let key = "{moving}:job";
+    let held = holder
+        .obtain(key, ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.obtain(key, ms(60_000), &slow_polling()).await }
+    });
+    marked(&cluster, key).await;
+    let slot = cluster.keyslot(key);
+    let from = cluster.owner_of(slot);
+    cluster.migrate_slot(slot, from, (from + 1) % 3);
+    held.release().await.unwrap();
+    let released = tokio::time::Instant::now();
+    let lock = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("never woken")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(took < WOKEN_WITHIN, "woken after {took:?}");
+    lock.release().await.unwrap();
+}
