@@ -55,8 +55,8 @@ pub(crate) fn urls(given: &[String]) -> Vec<String> {
 pub(crate) enum Plan {
     /// Single servers: one, or a Redlock quorum.
     Servers(Vec<redis::Client>),
-    /// Seed nodes of a cluster.
-    Cluster(ClusterClient),
+    /// Seed nodes of a cluster (boxed: the client is large).
+    Cluster(Box<ClusterClient>),
 }
 
 /// Parses `urls` without connecting: a bad URL is bad usage.
@@ -67,7 +67,7 @@ pub(crate) fn plan(urls: &[String], cluster: bool) -> Result<Plan, Failure> {
             .retries(1)
             .build()
             .map_err(bad_url)?;
-        return Ok(Plan::Cluster(client));
+        return Ok(Plan::Cluster(Box::new(client)));
     }
     let clients = urls
         .iter()

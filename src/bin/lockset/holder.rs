@@ -117,16 +117,18 @@ impl Key {
     /// The longest time left on any server holding the key; `None` when free or
     /// persistent.
     pub(crate) fn ttl(&self) -> Option<Duration> {
-        let ttls = self.nodes.iter().filter_map(|node| match node {
-            Node::Held { ttl, .. } | Node::Foreign { ttl } => Some(*ttl),
-            _ => None,
-        });
-        // A persistent copy anywhere means "no expiry".
-        ttls.fold(Some(None), |longest, ttl| match (longest, ttl) {
-            (Some(longest), Some(ttl)) => Some(Some(longest.map_or(ttl, |l: Duration| l.max(ttl)))),
-            _ => None,
-        })
-        .flatten()
+        let mut longest: Option<Duration> = None;
+        for node in &self.nodes {
+            match node {
+                // A persistent copy anywhere means "no expiry".
+                Node::Held { ttl: None, .. } | Node::Foreign { ttl: None } => return None,
+                Node::Held { ttl: Some(ttl), .. } | Node::Foreign { ttl: Some(ttl) } => {
+                    longest = Some(longest.map_or(*ttl, |longest| longest.max(*ttl)));
+                }
+                _ => {}
+            }
+        }
+        longest
     }
 
     /// How many servers hold something at the key.
