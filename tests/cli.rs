@@ -238,13 +238,13 @@ fn a_held_lock_fails_at_once_with_75_naming_key_holder_and_time_left() {
 fn a_waiting_run_starts_as_soon_as_the_holder_releases() {
     let server = RedisServer::start();
     let urls = [server.url()];
-    let token = acquire(&urls, &["--ttl", "60s", "job"]);
+    let token = acquire(&urls, &["--ttl", "60s", "--metadata", "first", "job"]);
     let start = Instant::now();
     let waiting = lockset(&urls)
-        .args(["run", "--wait", "50s", "job", "--", "true"])
+        .args(["run", "-v", "--wait", "50s", "job", "--", "true"])
         .spawn()
         .expect("start lockset");
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(1_000));
     let out = finish(lockset(&urls).args(["release", "--token", &token, "job"]));
     assert_eq!(out.code, Some(0), "{out:?}");
     let out = wait(waiting, start);
@@ -252,6 +252,11 @@ fn a_waiting_run_starts_as_soon_as_the_holder_releases() {
     assert!(
         out.took < Duration::from_secs(30),
         "woken by the release: {out:?}"
+    );
+    // Not a terminal: the waiting line is a log line, and only with -v.
+    assert!(
+        out.stderr.contains("waiting for \"job\" (held by first"),
+        "{out:?}"
     );
 }
 
@@ -335,6 +340,25 @@ fn a_lost_lock_stops_the_command_within_a_third_of_the_ttl_and_exits_70() {
         "stopped after {:?}, bound {bound:?}",
         out.took
     );
+}
+
+#[test]
+fn redis_unreachable_past_the_validity_stops_the_command_and_exits_70() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let run = lockset(&urls)
+        .args(["run", "--ttl", "2s", "job", "--", "sleep", "60"])
+        .spawn()
+        .expect("start lockset");
+    eventually("the lock is held", || exists(&urls[0], "job"));
+    let paused = Instant::now();
+    server.pause();
+    let out = wait(run, paused);
+    server.resume();
+    assert_eq!(out.code, Some(70), "{out:?}");
+    assert!(out.stderr.contains("validity ran out"), "{out:?}");
+    // The validity is the TTL from the last refresh; generous for a loaded machine.
+    assert!(out.took < Duration::from_secs(15), "{out:?}");
 }
 
 #[test]
@@ -456,6 +480,7 @@ fn kill_9_of_lockset_leaves_the_lock_to_expire_with_its_ttl() {
 
     let out = finish(lockset(&urls).args(["run", "--wait", "30s", "job", "--", "true"]));
     assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stderr, "", "waited silently: not a terminal, no -v");
     // Not before the TTL ran out (less the time it took to start the second run).
     let left = Duration::from_millis(left.unsigned_abs());
     let slack = Duration::from_millis(250);

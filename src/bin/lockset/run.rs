@@ -81,8 +81,9 @@ where
                 ),
                 false => "SIGTERM".to_owned(),
             };
-            // Only to stop the watchdog: nothing of ours is left to release.
-            let _ = guard.release().await;
+            // Only to stop the watchdog: nothing of ours is left to release, and Redis may
+            // be out of reach.
+            let _ = tokio::time::timeout(EXPLAIN_WITHIN, guard.release()).await;
             Err(Failure::new(
                 LOST,
                 format!("lock lost while the command ran: {why}; stopped the command with {how}"),
