@@ -16,6 +16,7 @@ Exit status:
   65     a key holds a value that is not a string (a list, a hash, ...)
   69     Redis unreachable, or it failed
   70     the lock was lost (run: while the command ran; refresh/release: it is not ours)
+  71     a local system error (cannot catch signals, wait for the command, or print)
   75     the lock is held by someone else (change with --conflict-exit-code)
   126    run: the command could not be executed
   127    run: the command was not found
@@ -24,6 +25,9 @@ Exit status:
 Environment:
   LOCKSET_REDIS  default for --redis (several URLs separated by commas)
   REDIS_URL      default for --redis when LOCKSET_REDIS is not set";
+
+/// The help heading of the options every subcommand takes.
+const GLOBAL: &str = "Global options";
 
 /// A distributed flock(1): hold a set of Redis keys while a command runs, or acquire,
 /// refresh and release them from a shell script.
@@ -51,8 +55,8 @@ pub(crate) struct Cli {
 /// Options every subcommand takes, before or after its name.
 #[derive(Debug, Args)]
 pub(crate) struct Global {
-    /// Redis server URL, e.g. redis://:password@host:6379/0 (rediss:// for TLS if built with
-    /// it). Repeat it for a Redlock quorum of independent masters (use 3 or 5); with
+    /// Redis server URL: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], or unix:///PATH.
+    /// Repeat it for a Redlock quorum of independent masters (use 3 or 5); with
     /// --cluster, the URLs are seed nodes of one Redis Cluster. [default: $LOCKSET_REDIS,
     /// then $REDIS_URL, then redis://127.0.0.1/]
     #[arg(
@@ -61,22 +65,23 @@ pub(crate) struct Global {
         global = true,
         env = "LOCKSET_REDIS",
         value_delimiter = ',',
-        hide_env = true
+        hide_env = true,
+        help_heading = GLOBAL
     )]
     pub(crate) redis: Vec<String>,
 
     /// The --redis URLs are seed nodes of one Redis Cluster. All keys of one lock must then
     /// hash to one slot: give them a common hash tag, like {deploy}:db and {deploy}:cache.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL)]
     pub(crate) cluster: bool,
 
     /// Say nothing on stderr but usage errors; the exit status still tells what happened.
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    #[arg(short, long, global = true, conflicts_with = "verbose", help_heading = GLOBAL)]
     pub(crate) quiet: bool,
 
     /// Say more: the waiting line even when stderr is not a terminal, and logs (-vv debug,
     /// -vvv trace).
-    #[arg(short, long, global = true, action = ArgAction::Count)]
+    #[arg(short, long, global = true, action = ArgAction::Count, help_heading = GLOBAL)]
     pub(crate) verbose: u8,
 }
 

@@ -13,6 +13,9 @@ pub(crate) const DATA: u8 = 65;
 pub(crate) const UNAVAILABLE: u8 = 69;
 /// The lock was lost, or is not held by the given token (EX_SOFTWARE).
 pub(crate) const LOST: u8 = 70;
+/// A local system failure: no runtime, no signal handling, no way to wait for the command
+/// or to print (EX_OSERR).
+pub(crate) const SYSTEM: u8 = 71;
 /// The command exists but could not be executed (as the shell says).
 pub(crate) const CANNOT_EXECUTE: u8 = 126;
 /// The command was not found (as the shell says).

@@ -44,10 +44,7 @@ fn main() -> ExitCode {
         .build();
     let outcome = match runtime {
         Ok(runtime) => runtime.block_on(execute(&cli, ui)),
-        Err(err) => Err(Failure::new(
-            exit::UNAVAILABLE,
-            format!("cannot start: {err}"),
-        )),
+        Err(err) => Err(Failure::new(exit::SYSTEM, format!("cannot start: {err}"))),
     };
     let code = match outcome {
         Ok(code) => code,
@@ -119,7 +116,7 @@ where
 /// it holds nothing yet).
 fn listen() -> Result<Signals, Failure> {
     Signals::listen()
-        .map_err(|err| Failure::new(exit::UNAVAILABLE, format!("cannot catch signals: {err}")))
+        .map_err(|err| Failure::new(exit::SYSTEM, format!("cannot catch signals: {err}")))
 }
 
 /// Prints clap's message; help and version exit 0, errors exit 64 (EX_USAGE, not clap's 2).

@@ -59,9 +59,10 @@ where
             let code = match status {
                 Ok(status) => exit::of_status(status),
                 Err(err) => {
+                    release(guard, ui).await;
                     return Err(Failure::new(
-                        exit::UNAVAILABLE,
-                        format!("waiting for the command: {err}"),
+                        exit::SYSTEM,
+                        format!("cannot wait for the command: {err}"),
                     ));
                 }
             };

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::cli::StatusArgs;
 use crate::connect::Redis;
-use crate::exit::{Failure, UNAVAILABLE};
+use crate::exit::{Failure, SYSTEM, UNAVAILABLE};
 use crate::holder::{self, Key};
 
 /// Prints the state of every key on stdout: a line each, or one JSON object.
@@ -34,7 +34,7 @@ where
     stdout
         .write_all(text.as_bytes())
         .and_then(|()| stdout.flush())
-        .map_err(|err| Failure::new(UNAVAILABLE, format!("cannot print the status: {err}")))?;
+        .map_err(|err| Failure::new(SYSTEM, format!("cannot print the status: {err}")))?;
     Ok(0)
 }
 

@@ -49,7 +49,7 @@ where
         // Nobody learned the token: nobody could release the lock.
         let _ = lock.release().await;
         return Err(Failure::new(
-            exit::UNAVAILABLE,
+            exit::SYSTEM,
             format!("cannot print the token ({err}); released the lock"),
         ));
     }
