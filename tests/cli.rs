@@ -564,6 +564,13 @@ fn acquire_refresh_release_and_status_round_trip() {
     let lines: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(lines.len(), 2, "{out:?}");
     assert!(lines[1].parse::<u64>().is_ok(), "{out:?}");
+
+    // Without --redis: LOCKSET_REDIS, then REDIS_URL.
+    for variable in ["LOCKSET_REDIS", "REDIS_URL"] {
+        let out = finish(lockset(&[]).env(variable, &urls[0]).args(["status", "db"]));
+        assert_eq!(out.code, Some(0), "{variable}: {out:?}");
+        assert!(out.stdout.contains("\"db\" is held"), "{variable}: {out:?}");
+    }
 }
 
 #[test]
