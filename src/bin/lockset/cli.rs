@@ -1,0 +1,319 @@
+//! The command line's grammar: subcommands, options, and their `--help` texts.
+
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+
+use crate::duration;
+
+/// The text after every `--help`: exit codes and the environment, the same for every
+/// subcommand so each help page is complete on its own.
+const AFTER_HELP: &str = "\
+Exit status:
+  0      success (run: the command exited 0)
+  1-125  run: the command's own exit status
+  64     bad usage or input (nothing was sent to Redis)
+  65     a key holds a value that is not a string (a list, a hash, ...)
+  69     Redis unreachable, or it failed
+  70     the lock was lost (run: while the command ran; refresh/release: it is not ours)
+  71     a local system error (cannot catch signals, wait for the command, or print)
+  75     the lock is held by someone else (change with --conflict-exit-code)
+  126    run: the command could not be executed
+  127    run: the command was not found
+  128+N  run: the command died by signal N (or lockset got signal N while waiting)
+
+Environment:
+  LOCKSET_REDIS  default for --redis (several URLs separated by commas)
+  REDIS_URL      default for --redis when LOCKSET_REDIS is not set";
+
+/// The help heading of the options every subcommand takes.
+const GLOBAL: &str = "Global options";
+
+/// A distributed flock(1): hold a set of Redis keys while a command runs, or acquire,
+/// refresh and release them from a shell script.
+#[derive(Debug, Parser)]
+#[command(
+    name = "lockset",
+    version,
+    about = "A distributed flock(1): run a command while holding a set of Redis keys",
+    long_about = "A distributed flock(1): run a command while holding a set of Redis keys, \
+        all or nothing, on one Redis server, a Redlock quorum of several, or a Redis Cluster.\n\n\
+        Use `lockset run` for cron jobs, deploy steps and CI jobs that must not overlap; \
+        use `acquire`, `refresh` and `release` to hold a lock across the steps of a shell script.",
+    after_help = AFTER_HELP,
+    propagate_version = true
+)]
+pub(crate) struct Cli {
+    /// Where the locks live, and how much to say.
+    #[command(flatten)]
+    pub(crate) global: Global,
+    /// What to do.
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Options every subcommand takes, before or after its name.
+#[derive(Debug, Args)]
+pub(crate) struct Global {
+    /// Redis server URL: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], or unix:///PATH.
+    /// Repeat it for a Redlock quorum of independent masters (use 3 or 5); with
+    /// --cluster, the URLs are seed nodes of one Redis Cluster. [default: $LOCKSET_REDIS,
+    /// then $REDIS_URL, then redis://127.0.0.1/]
+    #[arg(
+        long = "redis",
+        value_name = "URL",
+        global = true,
+        env = "LOCKSET_REDIS",
+        value_delimiter = ',',
+        hide_env = true,
+        help_heading = GLOBAL
+    )]
+    pub(crate) redis: Vec<String>,
+
+    /// The --redis URLs are seed nodes of one Redis Cluster. All keys of one lock must then
+    /// hash to one slot: give them a common hash tag, like {deploy}:db and {deploy}:cache.
+    #[arg(long, global = true, help_heading = GLOBAL)]
+    pub(crate) cluster: bool,
+
+    /// Say nothing on stderr but usage errors; the exit status still tells what happened.
+    #[arg(short, long, global = true, conflicts_with = "verbose", help_heading = GLOBAL)]
+    pub(crate) quiet: bool,
+
+    /// Say more: the waiting line even when stderr is not a terminal, and logs (-vv debug,
+    /// -vvv trace).
+    #[arg(short, long, global = true, action = ArgAction::Count, help_heading = GLOBAL)]
+    pub(crate) verbose: u8,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run a command while holding every KEY; release them when it exits.
+    #[command(
+        long_about = "Run a command while holding every KEY; release them when it exits.\n\n\
+            Obtains all keys at once (all or nothing), waiting up to --wait for a holder to \
+            let go. The command runs in its own process group with LOCKSET_KEYS (the keys, \
+            space-separated) and, with --fencing, LOCKSET_FENCING_TOKEN in its environment. \
+            A watchdog refreshes the lock every third of --ttl while the command runs. When \
+            the command exits, the lock is released and lockset exits with the command's \
+            status (128+N when it died by signal N).\n\n\
+            If the lock is lost while the command runs (it expired because Redis was \
+            unreachable, or someone deleted or took it over), the command's process group \
+            gets SIGTERM at once and SIGKILL after --kill-after, and lockset exits 70 saying \
+            why.\n\n\
+            SIGINT, SIGTERM and SIGHUP sent to lockset are forwarded to the command's process \
+            group; the lock is released once the command has exited. `kill -9` of lockset \
+            cannot be forwarded: the command keeps running, and the lock expires with its TTL \
+            (no later than --ttl after the last refresh).\n\n\
+            The command is not in the terminal's foreground process group: it cannot read \
+            from the terminal (run interactive programs some other way).",
+        after_help = AFTER_HELP
+    )]
+    Run(RunArgs),
+
+    /// Obtain every KEY and print the lock's token on stdout; the lock stays held until
+    /// released or its TTL runs out.
+    #[command(
+        long_about = "Obtain every KEY and print the lock's token on stdout (one line; with \
+            --fencing a second line with the fencing token).\n\n\
+            The lock stays held until `lockset release --token` or until its TTL runs out: \
+            nothing keeps it alive, so call `lockset refresh --token` before the TTL ends \
+            when the work takes longer. Keep the token secret: whoever has it owns the lock.",
+        after_help = AFTER_HELP
+    )]
+    Acquire(AcquireArgs),
+
+    /// Extend a lock obtained with `acquire` to --ttl, if it is still held by TOKEN.
+    #[command(
+        long_about = "Extend a lock obtained with `acquire` to --ttl, if every KEY is still \
+            held by TOKEN.\n\n\
+            Exits 70 when the lock is not held by TOKEN any more (it expired or was taken \
+            over): the work it protects should stop. The holder's metadata is kept unless \
+            --metadata is given.",
+        after_help = AFTER_HELP
+    )]
+    Refresh(RefreshArgs),
+
+    /// Release a lock obtained with `acquire`, if it is still held by TOKEN.
+    #[command(
+        long_about = "Release a lock obtained with `acquire`: delete every KEY, only if every \
+            KEY is still held by TOKEN, and wake whoever waits for it.\n\n\
+            Exits 70 when the lock was not held by TOKEN any more (it expired or was taken \
+            over): nothing is deleted then.",
+        after_help = AFTER_HELP
+    )]
+    Release(ReleaseArgs),
+
+    /// Show whether each KEY is free or held: the holder's metadata and remaining TTL,
+    /// never its token.
+    #[command(
+        long_about = "Show whether each KEY is free or held: the holder's metadata and \
+            remaining TTL, never its token. Exits 0 whatever the keys' state.\n\n\
+            With --json, prints one JSON object: {\"keys\": [{\"key\", \"state\" (\"free\", \
+            \"held\" or \"foreign\" for a value lockset did not write, \"wrong_type\"), \
+            \"metadata\", \"ttl_ms\" (null without expiry), \"held_on\", \"nodes\"}]}; \
+            held_on counts the Redlock masters holding the key (1 of 1 otherwise).",
+        after_help = AFTER_HELP
+    )]
+    Status(StatusArgs),
+}
+
+/// Options of `run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// How to obtain the lock.
+    #[command(flatten)]
+    pub(crate) obtain: ObtainArgs,
+
+    /// Send SIGKILL to the command's process group this long after SIGTERM, when the lock
+    /// was lost and the command has not exited.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::non_negative, allow_hyphen_values = true)]
+    pub(crate) kill_after: Duration,
+
+    /// The keys to hold: all of them, or none.
+    #[arg(value_name = "KEY", required = true)]
+    pub(crate) keys: Vec<String>,
+
+    /// The command to run and its arguments, after `--`.
+    #[arg(value_name = "COMMAND", last = true, required = true)]
+    pub(crate) command: Vec<String>,
+}
+
+/// Options of `acquire`.
+#[derive(Debug, Args)]
+pub(crate) struct AcquireArgs {
+    /// How to obtain the lock.
+    #[command(flatten)]
+    pub(crate) obtain: ObtainArgs,
+
+    /// The keys to hold: all of them, or none.
+    #[arg(value_name = "KEY", required = true)]
+    pub(crate) keys: Vec<String>,
+}
+
+/// How `run` and `acquire` obtain a lock.
+#[derive(Debug, Args)]
+pub(crate) struct ObtainArgs {
+    /// How long the lock lives without a refresh: 500ms, 30s, 5m.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::ttl, allow_hyphen_values = true)]
+    pub(crate) ttl: Duration,
+
+    /// How long to wait for a held lock; 0 fails at once, like flock -n. Waiters wake as
+    /// soon as the holder releases (on a single server).
+    #[arg(long, value_name = "DURATION", default_value = "0", value_parser = duration::non_negative, allow_hyphen_values = true)]
+    pub(crate) wait: Duration,
+
+    /// Text stored with the lock for humans and `lockset status`. [default: HOST:PID]
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) metadata: Option<String>,
+
+    /// Mint a fencing token (a number that grows with every obtain) from a counter next to
+    /// the first key: `run` passes it as LOCKSET_FENCING_TOKEN, `acquire` prints it on a
+    /// second line. Not available with a Redlock quorum.
+    #[arg(long)]
+    pub(crate) fencing: bool,
+
+    /// Exit with this status when the lock is held by someone else after --wait.
+    #[arg(long, value_name = "N", default_value_t = 75)]
+    pub(crate) conflict_exit_code: u8,
+}
+
+/// Options of `refresh`.
+#[derive(Debug, Args)]
+pub(crate) struct RefreshArgs {
+    /// The token `lockset acquire` printed.
+    #[arg(long, value_name = "TOKEN", required = true, value_parser = non_empty_token)]
+    pub(crate) token: String,
+
+    /// The new time to live, from now: 500ms, 30s, 5m.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::ttl, allow_hyphen_values = true)]
+    pub(crate) ttl: Duration,
+
+    /// Replace the metadata stored with the lock. [default: keep the holder's]
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) metadata: Option<String>,
+
+    /// The lock's keys, as given to `acquire`.
+    #[arg(value_name = "KEY", required = true)]
+    pub(crate) keys: Vec<String>,
+}
+
+/// Options of `release`.
+#[derive(Debug, Args)]
+pub(crate) struct ReleaseArgs {
+    /// The token `lockset acquire` printed.
+    #[arg(long, value_name = "TOKEN", required = true, value_parser = non_empty_token)]
+    pub(crate) token: String,
+
+    /// The lock's keys, as given to `acquire`.
+    #[arg(value_name = "KEY", required = true)]
+    pub(crate) keys: Vec<String>,
+}
+
+/// Options of `status`.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// Print one JSON object instead of a line per key.
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// The keys to look at.
+    #[arg(value_name = "KEY", required = true)]
+    pub(crate) keys: Vec<String>,
+}
+
+/// A token must have at least one character.
+fn non_empty_token(token: &str) -> Result<String, String> {
+    if token.is_empty() {
+        return Err("the token is empty".to_owned());
+    }
+    Ok(token.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::*;
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn options_go_before_or_after_the_subcommand() {
+        let cli = Cli::try_parse_from([
+            "lockset",
+            "--redis",
+            "redis://a/",
+            "run",
+            "-v",
+            "--ttl",
+            "5s",
+            "k",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        assert_eq!(cli.global.redis, ["redis://a/"]);
+        assert_eq!(cli.global.verbose, 1);
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.obtain.ttl, Duration::from_secs(5));
+        assert_eq!(run.keys, ["k"]);
+        assert_eq!(run.command, ["true"]);
+    }
+
+    #[test]
+    fn the_command_keeps_its_own_options() {
+        let cli =
+            Cli::try_parse_from(["lockset", "run", "k", "--", "ls", "-l", "--", "-v"]).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.command, ["ls", "-l", "--", "-v"]);
+        assert_eq!(cli.global.verbose, 0);
+    }
+}

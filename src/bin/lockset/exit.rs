@@ -1,0 +1,142 @@
+//! Exit statuses (sysexits(3) where one fits) and the failures that lead to them.
+
+use std::io;
+use std::process::ExitStatus;
+
+use lockset::{Error, NodeFailure};
+
+/// Bad usage or input; nothing was sent to Redis (EX_USAGE).
+pub(crate) const USAGE: u8 = 64;
+/// A key holds a value that is not a string (EX_DATAERR).
+pub(crate) const DATA: u8 = 65;
+/// Redis unreachable or failing (EX_UNAVAILABLE).
+pub(crate) const UNAVAILABLE: u8 = 69;
+/// The lock was lost, or is not held by the given token (EX_SOFTWARE).
+pub(crate) const LOST: u8 = 70;
+/// A local system failure: no runtime, no signal handling, no way to wait for the command
+/// or to print (EX_OSERR).
+pub(crate) const SYSTEM: u8 = 71;
+/// The command exists but could not be executed (as the shell says).
+pub(crate) const CANNOT_EXECUTE: u8 = 126;
+/// The command was not found (as the shell says).
+pub(crate) const NOT_FOUND: u8 = 127;
+
+/// Why a subcommand did not succeed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Bad usage or input: printed with the subcommand's usage, exit [`USAGE`].
+    Usage(String),
+    /// Anything else: one line on stderr (unless quiet), then exit `code`.
+    Exit {
+        /// The exit status.
+        code: u8,
+        /// What happened, for the line on stderr; `None` when already said.
+        message: Option<String>,
+    },
+}
+
+impl Failure {
+    /// Exit with `code` after saying `message`.
+    pub(crate) fn new(code: u8, message: impl Into<String>) -> Self {
+        Self::Exit {
+            code,
+            message: Some(message.into()),
+        }
+    }
+
+    /// Exit with `code` silently: a signal or the command's own status says it all.
+    pub(crate) fn silent(code: u8) -> Self {
+        Self::Exit {
+            code,
+            message: None,
+        }
+    }
+
+    /// A library error that is not "held by someone else" (that one needs the holder, see
+    /// `conflict`): bad input, a non-string key, or Redis failing.
+    pub(crate) fn from_error(err: &Error) -> Self {
+        match err {
+            Error::InvalidInput(invalid) => Self::Usage(invalid.to_string()),
+            Error::WrongType { .. } => Self::new(DATA, err.to_string()),
+            _ => Self::new(UNAVAILABLE, err.to_string()),
+        }
+    }
+
+    /// The command could not be started.
+    pub(crate) fn cannot_run(program: &str, err: &io::Error) -> Self {
+        let code = match err.kind() {
+            io::ErrorKind::NotFound => NOT_FOUND,
+            _ => CANNOT_EXECUTE,
+        };
+        Self::new(code, format!("cannot run {program:?}: {err}"))
+    }
+}
+
+/// True when `err` says the lock is held by someone else, rather than that Redis could not
+/// be asked: for a Redlock quorum, when the masters that answered could still have made a
+/// majority.
+pub(crate) fn is_conflict(err: &Error) -> bool {
+    match err {
+        Error::Quorum {
+            needed,
+            nodes,
+            failures,
+            ..
+        } => {
+            let unreachable = failures
+                .iter()
+                .filter(|(_, failure)| !matches!(failure, NodeFailure::Refused))
+                .count();
+            err.is_not_obtained() && nodes - unreachable >= *needed
+        }
+        _ => err.is_not_obtained(),
+    }
+}
+
+/// The status a shell would give for `status`: the exit code, or 128 + the signal number.
+pub(crate) fn of_status(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt as _;
+
+    if let Some(code) = status.code() {
+        // An exit code is 0..=255 on Unix; anything else cannot happen.
+        return u8::try_from(code & 0xff).unwrap_or(u8::MAX);
+    }
+    let signal = status.signal().unwrap_or(0);
+    of_signal(signal)
+}
+
+/// 128 + the signal number, as a shell reports a death by that signal.
+pub(crate) fn of_signal(signal: i32) -> u8 {
+    u8::try_from(128 + signal).unwrap_or(u8::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt as _;
+
+    use super::*;
+
+    #[test]
+    fn signals_add_128() {
+        assert_eq!(of_status(ExitStatus::from_raw(15)), 143);
+        assert_eq!(of_status(ExitStatus::from_raw(9)), 137);
+        assert_eq!(of_status(ExitStatus::from_raw(7 << 8)), 7);
+    }
+
+    #[test]
+    fn a_quorum_out_of_reach_is_no_conflict() {
+        let refused = |failures: Vec<(usize, NodeFailure)>| Error::Quorum {
+            op: lockset::QuorumOp::Obtain,
+            succeeded: 0,
+            needed: 2,
+            nodes: 3,
+            expired: false,
+            failures,
+        };
+        let down = || NodeFailure::TimedOut(std::time::Duration::from_millis(5));
+        let held = refused(vec![(0, NodeFailure::Refused), (1, down())]);
+        assert!(is_conflict(&held));
+        let out_of_reach = refused(vec![(0, NodeFailure::Refused), (1, down()), (2, down())]);
+        assert!(!is_conflict(&out_of_reach));
+    }
+}

@@ -1,0 +1,147 @@
+//! `lockset`: a distributed flock(1) on Redis, built on the `lockset` library.
+//!
+//! `lockset run KEY... -- COMMAND` holds every key while the command runs; `acquire`,
+//! `refresh` and `release` hold a lock across the steps of a shell script; `status` shows
+//! who holds what. See `lockset --help` and the README's "Command line" section.
+
+mod child;
+mod cli;
+mod connect;
+mod duration;
+mod exit;
+mod holder;
+mod identity;
+mod obtain;
+mod run;
+mod signals;
+mod status;
+mod token;
+mod ui;
+mod validate;
+
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::{CommandFactory as _, Parser as _};
+use lockset::redis::aio::ConnectionLike;
+
+use crate::cli::{Cli, Command};
+use crate::connect::{Redis, Target};
+use crate::exit::{Failure, USAGE};
+use crate::signals::Signals;
+use crate::ui::Ui;
+use crate::validate::Use;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return ExitCode::from(usage(&err)),
+    };
+    let ui = Ui::new(cli.global.quiet, cli.global.verbose);
+    ui.init_logs();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let outcome = match runtime {
+        Ok(runtime) => runtime.block_on(execute(&cli, ui)),
+        Err(err) => Err(Failure::new(exit::SYSTEM, format!("cannot start: {err}"))),
+    };
+    let code = match outcome {
+        Ok(code) => code,
+        Err(Failure::Usage(message)) => usage_in(&cli.command, &message),
+        Err(Failure::Exit { code, message }) => {
+            if let Some(message) = message {
+                ui.say(&message);
+            }
+            code
+        }
+    };
+    ExitCode::from(code)
+}
+
+/// Checks the input, connects, and runs the subcommand.
+async fn execute(cli: &Cli, ui: Ui) -> Result<u8, Failure> {
+    let urls = connect::urls(&cli.global.redis);
+    let target = validate::Target {
+        urls: urls.len(),
+        cluster: cli.global.cluster,
+    };
+    check(&cli.command, target).map_err(Failure::Usage)?;
+    let plan = connect::plan(&urls, cli.global.cluster)?;
+    match connect::connect(plan).await? {
+        Target::Single(redis) => dispatch(&redis, &cli.command, ui).await,
+        Target::Cluster(redis) => dispatch(&redis, &cli.command, ui).await,
+    }
+}
+
+/// Everything about the input that can be checked without Redis.
+fn check(command: &Command, target: validate::Target) -> Result<(), String> {
+    match command {
+        Command::Run(args) => {
+            validate::keys(&args.keys, target, Use::Lock)?;
+            validate::command(&args.command)?;
+            if args.obtain.fencing {
+                validate::fencing(&args.keys, target)?;
+            }
+            Ok(())
+        }
+        Command::Acquire(args) => {
+            validate::keys(&args.keys, target, Use::Lock)?;
+            if args.obtain.fencing {
+                validate::fencing(&args.keys, target)?;
+            }
+            Ok(())
+        }
+        Command::Refresh(args) => validate::keys(&args.keys, target, Use::Lock),
+        Command::Release(args) => validate::keys(&args.keys, target, Use::Lock),
+        Command::Status(args) => validate::keys(&args.keys, target, Use::Look),
+    }
+}
+
+/// Runs the subcommand on a connected backend.
+async fn dispatch<C>(redis: &Redis<C>, command: &Command, ui: Ui) -> Result<u8, Failure>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    match command {
+        Command::Run(args) => run::run(redis, args, ui, &mut listen()?).await,
+        Command::Acquire(args) => token::acquire(redis, args, ui, &mut listen()?).await,
+        Command::Refresh(args) => token::refresh(redis, args).await,
+        Command::Release(args) => token::release(redis, args).await,
+        Command::Status(args) => status::status(redis, args).await,
+    }
+}
+
+/// Catches SIGINT, SIGTERM and SIGHUP from here on (before, they end `lockset` as usual:
+/// it holds nothing yet).
+fn listen() -> Result<Signals, Failure> {
+    Signals::listen()
+        .map_err(|err| Failure::new(exit::SYSTEM, format!("cannot catch signals: {err}")))
+}
+
+/// Prints clap's message; help and version exit 0, errors exit 64 (EX_USAGE, not clap's 2).
+fn usage(err: &clap::Error) -> u8 {
+    let _ = err.print();
+    match err.use_stderr() {
+        true => USAGE,
+        false => 0,
+    }
+}
+
+/// Prints `message` as clap does, with the subcommand's usage, and returns 64.
+fn usage_in(command: &Command, message: &str) -> u8 {
+    let name = match command {
+        Command::Run(_) => "run",
+        Command::Acquire(_) => "acquire",
+        Command::Refresh(_) => "refresh",
+        Command::Release(_) => "release",
+        Command::Status(_) => "status",
+    };
+    let mut cli = Cli::command();
+    cli.build();
+    let err = match cli.find_subcommand_mut(name) {
+        Some(sub) => sub.error(ErrorKind::ValueValidation, message),
+        None => cli.error(ErrorKind::ValueValidation, message),
+    };
+    usage(&err)
+}

@@ -1,0 +1,143 @@
+//! Obtaining a lock for `run` and `acquire`: waiting up to `--wait`, showing who holds it
+//! meanwhile, giving up cleanly on a signal, and naming the holder on a conflict.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use lockset::redis::aio::ConnectionLike;
+use lockset::{Jitter, Lock, Options, Retry};
+
+use crate::cli::ObtainArgs;
+use crate::connect::Redis;
+use crate::exit::{self, Failure};
+use crate::holder;
+use crate::signals::Signals;
+use crate::ui::{Ui, Waiting};
+use crate::{duration, identity};
+
+/// The shortest and longest pause between two attempts while waiting. On a single server a
+/// release event wakes a waiter at once and the holder's expiry is watched, so polling is
+/// only the fallback; a Redlock quorum and a cluster rely on it.
+const POLL_MIN: Duration = Duration::from_millis(10);
+const POLL_MAX: Duration = Duration::from_millis(500);
+
+/// How often the waiting line looks at the holder.
+const SHOW_EVERY: Duration = Duration::from_millis(500);
+/// Nothing is shown for a lock obtained this quickly.
+const SHOW_AFTER: Duration = Duration::from_millis(150);
+
+/// How long to let a cancelled obtain's clean-up run before exiting.
+const CLEAN_UP: Duration = Duration::from_secs(2);
+
+/// The options for obtaining per the command line.
+pub(crate) fn options(args: &ObtainArgs) -> Options {
+    let metadata = args.metadata.clone().unwrap_or_else(identity::host_pid);
+    let mut options = Options::default().metadata(metadata);
+    if !args.wait.is_zero() {
+        let poll = Retry::exponential(POLL_MIN, POLL_MAX).jitter(Jitter::Equal);
+        options = options.retry(poll).timeout(args.wait);
+    }
+    if args.fencing {
+        options = options.fencing();
+    }
+    options
+}
+
+/// Obtains `keys`, waiting up to `--wait`. A signal stops the wait: `lockset` then exits
+/// 128 + the signal number, as if the signal had killed it, once any half-made lock is
+/// cleaned up.
+pub(crate) async fn obtain<C>(
+    redis: &Redis<C>,
+    keys: &[String],
+    args: &ObtainArgs,
+    ui: Ui,
+    signals: &mut Signals,
+) -> Result<Lock<C>, Failure>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let options = options(args);
+    let mut waiting = if args.wait.is_zero() {
+        Waiting::Silent
+    } else {
+        ui.waiting()
+    };
+    let obtained = tokio::select! {
+        obtained = redis.client.obtain_multi(keys.iter().cloned(), args.ttl, &options) => obtained,
+        never = show_waiting(redis, keys, &mut waiting) => match never {},
+        signal = signals.next() => {
+            waiting.finish();
+            tracing::info!(?signal, "stopped waiting");
+            clean_up(redis).await;
+            return Err(Failure::silent(exit::of_signal(signal as i32)));
+        }
+    };
+    waiting.finish();
+    match obtained {
+        Ok(lock) => {
+            tracing::info!(keys = keys.len(), "obtained");
+            Ok(lock)
+        }
+        Err(err) if exit::is_conflict(&err) => Err(conflict(redis, keys, args).await),
+        Err(err) => Err(Failure::from_error(&err)),
+    }
+}
+
+/// The failure for a lock held by someone else: one line naming the held key, its holder's
+/// metadata and time left.
+async fn conflict<C>(redis: &Redis<C>, keys: &[String], args: &ObtainArgs) -> Failure
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let within = match args.wait.is_zero() {
+        true => String::new(),
+        false => format!(" within {}", humantime::format_duration(args.wait)),
+    };
+    let holder = match holder::first_held(&redis.nodes, keys).await {
+        Ok(Some(key)) => key.describe(),
+        Ok(None) => "held by another owner (free again now)".to_owned(),
+        Err(err) => format!("held by another owner ({err})"),
+    };
+    Failure::new(
+        args.conflict_exit_code,
+        format!("lock not obtained{within}: {holder}"),
+    )
+}
+
+/// Keeps the waiting line up to date; never returns.
+async fn show_waiting<C>(redis: &Redis<C>, keys: &[String], waiting: &mut Waiting) -> Infallible
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    if waiting.is_silent() {
+        return std::future::pending::<Infallible>().await;
+    }
+    tokio::time::sleep(SHOW_AFTER).await;
+    loop {
+        match holder::first_held(&redis.nodes, keys).await {
+            Ok(Some(key)) => {
+                let by = key.metadata().unwrap_or("another owner");
+                let left = key
+                    .ttl()
+                    .map(|ttl| format!(", {} left)", duration::show(ttl)))
+                    .unwrap_or_else(|| ")".to_owned());
+                waiting.update(&format!("waiting for {:?} (held by {by}", key.name), &left);
+            }
+            Ok(None) => waiting.update("obtaining", ""),
+            Err(err) => waiting.update(&format!("waiting: {err}"), ""),
+        }
+        tokio::time::sleep(SHOW_EVERY).await;
+    }
+}
+
+/// Lets the library's clean-up of a cancelled obtain (a release by the attempt's token)
+/// finish before the process exits, for at most [`CLEAN_UP`].
+async fn clean_up<C>(redis: &Redis<C>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let deadline = tokio::time::Instant::now() + CLEAN_UP;
+    while redis.client.background_tasks() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -1,0 +1,791 @@
+//! The `lockset` command line, as real processes against real redis-servers (feature `cli`).
+#![cfg(feature = "cli")]
+
+mod support;
+
+use std::io::ErrorKind;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lockset::redis;
+use support::RedisServer;
+use support::cluster::Cluster;
+
+/// The longest any single `lockset` process may run in these tests before it is killed
+/// and the test fails (generous: a loaded 2-core machine).
+const HANG: Duration = Duration::from_secs(60);
+
+/// A `lockset` process for `urls`, with no Redis settings from the environment.
+fn lockset(urls: &[String]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_lockset"));
+    command
+        .env_remove("LOCKSET_REDIS")
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for url in urls {
+        command.args(["--redis", url]);
+    }
+    command
+}
+
+/// What a finished `lockset` said and how it exited.
+#[derive(Debug)]
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    took: Duration,
+}
+
+/// Runs `command` to the end (killing it after [`HANG`]).
+fn finish(command: &mut Command) -> Finished {
+    let start = Instant::now();
+    let child = command.spawn().expect("start lockset");
+    wait(child, start)
+}
+
+/// Waits for a started `lockset` (killing it after [`HANG`]).
+fn wait(mut child: Child, start: Instant) -> Finished {
+    while child.try_wait().expect("poll lockset").is_none() {
+        if start.elapsed() > HANG {
+            let _ = child.kill();
+            panic!("lockset still runs after {HANG:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = start.elapsed();
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = child.wait_with_output().expect("collect output");
+    Finished {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        took,
+    }
+}
+
+/// A raw connection for looking at keys.
+fn raw(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .and_then(|client| client.get_connection())
+        .expect("connect")
+}
+
+fn exists(url: &str, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<i64>(&mut raw(url))
+        .expect("EXISTS")
+        == 1
+}
+
+fn command_on(url: &str, args: &[&str]) -> redis::Value {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query(&mut raw(url)).expect("command")
+}
+
+/// Waits until `condition` holds (failing the test after a generous limit).
+fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(start.elapsed() < HANG, "{what}: not after {HANG:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A private folder for files the commands write.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("lockset-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch folder");
+        Self(dir)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.0.join(name).to_string_lossy().into_owned()
+    }
+
+    fn read(&self, name: &str) -> Option<String> {
+        std::fs::read_to_string(self.0.join(name)).ok()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// `lockset acquire` with extra arguments; returns the token.
+fn acquire(urls: &[String], args: &[&str]) -> String {
+    let out = finish(lockset(urls).arg("acquire").args(args));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    out.stdout.lines().next().expect("a token line").to_owned()
+}
+
+fn status_json(urls: &[String], keys: &[&str]) -> serde_json::Value {
+    let out = finish(lockset(urls).args(["status", "--json"]).args(keys));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    serde_json::from_str(&out.stdout).expect("status --json is JSON")
+}
+
+#[test]
+fn concurrent_runs_never_overlap_and_lose_no_update() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let scratch = Scratch::new("exclusion");
+    let counter = scratch.path("counter");
+    std::fs::write(&counter, "0").expect("counter file");
+    // A non-atomic read–sleep–write, plus a marker that two holders at once would trip on.
+    let script = format!(
+        "mkdir {inside} || echo overlap >> {violations}; \
+         n=$(cat {counter}); sleep 0.05; echo $((n + 1)) > {counter}; \
+         rmdir {inside}",
+        inside = scratch.path("inside"),
+        violations = scratch.path("violations"),
+    );
+    let start = Instant::now();
+    let runs: Vec<Child> = (0..8)
+        .map(|_| {
+            lockset(&urls)
+                .args(["run", "--wait", "30s", "counter", "--", "sh", "-c", &script])
+                .spawn()
+                .expect("start lockset")
+        })
+        .collect();
+    for run in runs {
+        let out = wait(run, start);
+        assert_eq!(out.code, Some(0), "{out:?}");
+    }
+    assert_eq!(scratch.read("counter").as_deref().map(str::trim), Some("8"));
+    assert_eq!(scratch.read("violations"), None, "two holders at once");
+    assert!(!exists(&urls[0], "counter"), "released after the last run");
+}
+
+#[test]
+fn a_held_lock_fails_at_once_with_75_naming_key_holder_and_time_left() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let token = acquire(
+        &urls,
+        &[
+            "--ttl",
+            "60s",
+            "--metadata",
+            "backup@web-1",
+            "free",
+            "nightly",
+        ],
+    );
+    let scratch = Scratch::new("conflict");
+    let ran = scratch.path("ran");
+
+    let out = finish(lockset(&urls).args(["run", "nightly", "--", "touch", &ran]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(
+        out.took < Duration::from_secs(10),
+        "no waiting by default: {out:?}"
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "one line: {out:?}");
+    for part in ["\"nightly\"", "backup@web-1", "s left"] {
+        assert!(out.stderr.contains(part), "{part} in {out:?}");
+    }
+    assert!(!out.stderr.contains(&token), "never the token: {out:?}");
+    assert_eq!(scratch.read("ran"), None, "the command must not run");
+
+    // Waiting takes the wait, then fails the same way; the code is configurable.
+    let out = finish(lockset(&urls).args([
+        "run",
+        "--wait",
+        "1s",
+        "--conflict-exit-code",
+        "3",
+        "nightly",
+        "--",
+        "true",
+    ]));
+    assert_eq!(out.code, Some(3), "{out:?}");
+    assert!(out.took >= Duration::from_secs(1), "{out:?}");
+    assert!(out.stderr.contains("within 1s"), "{out:?}");
+
+    // Quiet: the status alone tells.
+    let out = finish(lockset(&urls).args(["run", "-q", "nightly", "--", "true"]));
+    assert_eq!((out.code, out.stderr.as_str()), (Some(75), ""), "{out:?}");
+}
+
+#[test]
+fn a_waiting_run_starts_as_soon_as_the_holder_releases() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let token = acquire(&urls, &["--ttl", "60s", "--metadata", "first", "job"]);
+    let start = Instant::now();
+    let waiting = lockset(&urls)
+        .args(["run", "-v", "--wait", "50s", "job", "--", "true"])
+        .spawn()
+        .expect("start lockset");
+    std::thread::sleep(Duration::from_millis(1_000));
+    let out = finish(lockset(&urls).args(["release", "--token", &token, "job"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = wait(waiting, start);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.took < Duration::from_secs(30),
+        "woken by the release: {out:?}"
+    );
+    // Not a terminal: the waiting line is a log line, and only with -v.
+    assert!(
+        out.stderr.contains("waiting for \"job\" (held by first"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn the_commands_exit_status_passes_through() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    for (script, code) in [
+        ("exit 0", 0),
+        ("exit 7", 7),
+        ("kill -TERM $$", 128 + 15),
+        ("kill -KILL $$", 128 + 9),
+        ("kill -INT $$", 128 + 2),
+    ] {
+        let out = finish(lockset(&urls).args(["run", "job", "--", "sh", "-c", script]));
+        assert_eq!(out.code, Some(code), "{script}: {out:?}");
+        assert_eq!(out.stderr, "", "{script}: {out:?}");
+        assert!(!exists(&urls[0], "job"), "{script}: released");
+    }
+}
+
+#[test]
+fn the_command_gets_its_keys_and_fencing_token() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let print = "echo \"$LOCKSET_KEYS|${LOCKSET_FENCING_TOKEN-none}\"";
+    let out = finish(lockset(&urls).args(["run", "a", "b", "--", "sh", "-c", print]));
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "a b|none\n"),
+        "{out:?}"
+    );
+    let fenced = || {
+        let out = finish(lockset(&urls).args(["run", "--fencing", "a", "--", "sh", "-c", print]));
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let fence = out
+            .stdout
+            .trim()
+            .strip_prefix("a|")
+            .expect("keys")
+            .to_owned();
+        fence.parse::<u64>().expect("a number")
+    };
+    let first = fenced();
+    assert!(fenced() > first, "fencing tokens grow");
+}
+
+#[test]
+fn a_command_that_cannot_run_exits_127_or_126_and_releases() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let out = finish(lockset(&urls).args(["run", "job", "--", "/no/such/program"]));
+    assert_eq!(out.code, Some(127), "{out:?}");
+    assert!(out.stderr.contains("/no/such/program"), "{out:?}");
+    let out = finish(lockset(&urls).args(["run", "job", "--", "/"]));
+    assert_eq!(out.code, Some(126), "{out:?}");
+    assert!(!exists(&urls[0], "job"), "released");
+}
+
+#[test]
+fn a_lost_lock_stops_the_command_within_a_third_of_the_ttl_and_exits_70() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let ttl = Duration::from_secs(6);
+    let run = lockset(&urls)
+        .args(["run", "--ttl", "6s", "job", "--", "sleep", "60"])
+        .spawn()
+        .expect("start lockset");
+    eventually("the lock is held", || exists(&urls[0], "job"));
+    std::thread::sleep(Duration::from_millis(300));
+    let deleted = Instant::now();
+    command_on(&urls[0], &["DEL", "job"]);
+    let out = wait(run, deleted);
+    assert_eq!(out.code, Some(70), "{out:?}");
+    assert!(out.stderr.contains("expired or was deleted"), "{out:?}");
+    // The watchdog notices at its next refresh, every third of the TTL; one extra second
+    // for a loaded machine. Well before the TTL itself would have run out.
+    let bound = ttl / 3 + Duration::from_secs(1);
+    assert!(
+        out.took <= bound,
+        "stopped after {:?}, bound {bound:?}",
+        out.took
+    );
+}
+
+#[test]
+fn redis_unreachable_past_the_validity_stops_the_command_and_exits_70() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let run = lockset(&urls)
+        .args(["run", "--ttl", "2s", "job", "--", "sleep", "60"])
+        .spawn()
+        .expect("start lockset");
+    eventually("the lock is held", || exists(&urls[0], "job"));
+    let paused = Instant::now();
+    server.pause();
+    let out = wait(run, paused);
+    server.resume();
+    assert_eq!(out.code, Some(70), "{out:?}");
+    assert!(out.stderr.contains("validity ran out"), "{out:?}");
+    // The validity is the TTL from the last refresh; generous for a loaded machine.
+    assert!(out.took < Duration::from_secs(15), "{out:?}");
+}
+
+#[test]
+fn a_command_ignoring_sigterm_gets_sigkill_after_kill_after() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    // SIG_IGN is inherited: neither the shell nor its sleep dies of SIGTERM.
+    let run = lockset(&urls)
+        .args(["run", "--ttl", "3s", "--kill-after", "1s", "job", "--"])
+        .args(["sh", "-c", "trap '' TERM; sleep 60"])
+        .spawn()
+        .expect("start lockset");
+    eventually("the lock is held", || exists(&urls[0], "job"));
+    let taken = Instant::now();
+    command_on(&urls[0], &["SET", "job", "5:otherintruder", "EX", "60"]);
+    let out = wait(run, taken);
+    assert_eq!(out.code, Some(70), "{out:?}");
+    assert!(
+        out.took >= Duration::from_secs(1),
+        "SIGKILL after 1s: {out:?}"
+    );
+    for part in ["taken over", "intruder", "SIGKILL"] {
+        assert!(out.stderr.contains(part), "{part} in {out:?}");
+    }
+    assert_eq!(
+        command_on(&urls[0], &["GET", "job"]),
+        redis::Value::BulkString(b"5:otherintruder".to_vec()),
+        "the new holder's lock is untouched"
+    );
+}
+
+#[test]
+fn signals_are_forwarded_and_the_lock_released_after_the_command_exits() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let scratch = Scratch::new("signals");
+    for name in ["TERM", "INT", "HUP"] {
+        let got = scratch.path(name);
+        // The command takes a while to finish after the signal: the lock must outlive it.
+        let script = format!(
+            "trap 'echo {name} > {got}; sleep 1; exit 3' {name}; \
+             while true; do sleep 0.05; done"
+        );
+        let start = Instant::now();
+        let run = lockset(&urls)
+            .args(["run", "job", "--", "sh", "-c", &script])
+            .spawn()
+            .expect("start lockset");
+        eventually("the lock is held", || exists(&urls[0], "job"));
+        // Give lockset time to install its handlers after obtaining.
+        std::thread::sleep(Duration::from_millis(300));
+        signal(run.id(), name);
+        eventually("the command got the signal", || {
+            scratch.read(name).is_some()
+        });
+        assert!(
+            exists(&urls[0], "job"),
+            "{name}: held while the command finishes"
+        );
+        let out = wait(run, start);
+        assert_eq!(out.code, Some(3), "{name}: {out:?}");
+        assert!(
+            !exists(&urls[0], "job"),
+            "{name}: released after the command exited"
+        );
+    }
+    // A command that does not catch it dies of it: 128 + the signal number.
+    let run = lockset(&urls)
+        .args(["run", "job", "--", "sleep", "60"])
+        .spawn()
+        .expect("start lockset");
+    eventually("the lock is held", || exists(&urls[0], "job"));
+    std::thread::sleep(Duration::from_millis(300));
+    signal(run.id(), "INT");
+    let out = wait(run, Instant::now());
+    assert_eq!(out.code, Some(130), "{out:?}");
+    assert!(!exists(&urls[0], "job"), "released");
+}
+
+#[test]
+fn a_signal_while_waiting_stops_the_wait_and_leaves_nothing_behind() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let token = acquire(&urls, &["--ttl", "60s", "--metadata", "holder", "b"]);
+    let waiting = lockset(&urls)
+        .args(["run", "--wait", "50s", "a", "b", "--", "true"])
+        .spawn()
+        .expect("start lockset");
+    std::thread::sleep(Duration::from_millis(1_000));
+    signal(waiting.id(), "TERM");
+    let out = wait(waiting, Instant::now());
+    assert_eq!(out.code, Some(143), "{out:?}");
+    assert!(!exists(&urls[0], "a"), "no half-made lock");
+    let out = finish(lockset(&urls).args(["release", "--token", &token, "b"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+#[test]
+fn kill_9_of_lockset_leaves_the_lock_to_expire_with_its_ttl() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let scratch = Scratch::new("kill9");
+    let pid_file = scratch.path("pid");
+    let mut first = lockset(&urls)
+        .args(["run", "--ttl", "2s", "job", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {pid_file}; exec sleep 60"))
+        .spawn()
+        .expect("start lockset");
+    eventually("the command runs", || {
+        scratch.read("pid").is_some_and(|pid| pid.ends_with('\n'))
+    });
+    first.kill().expect("kill -9 lockset");
+    first.wait().expect("reap lockset");
+    let left: i64 = redis::cmd("PTTL")
+        .arg("job")
+        .query(&mut raw(&urls[0]))
+        .expect("PTTL");
+    assert!(left > 0, "still held after kill -9, with its TTL: {left}");
+
+    let out = finish(lockset(&urls).args(["run", "--wait", "30s", "job", "--", "true"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stderr, "", "waited silently: not a terminal, no -v");
+    // Not before the TTL ran out (less the time it took to start the second run).
+    let left = Duration::from_millis(left.unsigned_abs());
+    let slack = Duration::from_millis(250);
+    assert!(
+        out.took + slack >= left,
+        "proceeded after {:?}, {left:?} were left",
+        out.took
+    );
+
+    // The orphaned command is ours to clean up.
+    let pid = scratch.read("pid").expect("pid");
+    signal(pid.trim().parse().expect("a pid"), "KILL");
+}
+
+#[test]
+fn acquire_refresh_release_and_status_round_trip() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let token = acquire(
+        &urls,
+        &["--ttl", "10s", "--metadata", "deploy-42", "db", "cache"],
+    );
+    assert_eq!(token.len(), 22, "{token}");
+
+    let status = status_json(&urls, &["db", "cache", "free"]);
+    let keys = status["keys"].as_array().expect("keys");
+    assert_eq!(keys.len(), 3);
+    for key in &keys[..2] {
+        assert_eq!(key["state"], "held", "{status}");
+        assert_eq!(key["metadata"], "deploy-42", "{status}");
+        let ttl = key["ttl_ms"].as_u64().expect("ttl_ms");
+        assert!(ttl > 0 && ttl <= 10_000, "{status}");
+    }
+    assert_eq!(keys[2]["key"], "free");
+    assert_eq!(keys[2]["state"], "free");
+    assert!(!status.to_string().contains(&token), "never the token");
+    let out = finish(lockset(&urls).args(["status", "db", "free"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("\"db\" is held by deploy-42"),
+        "{out:?}"
+    );
+    assert!(out.stdout.contains("\"free\" is free"), "{out:?}");
+
+    // Refresh extends, keeps the metadata; a wrong token changes nothing.
+    let out =
+        finish(lockset(&urls).args(["refresh", "--token", &token, "--ttl", "100s", "db", "cache"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let status = status_json(&urls, &["db"]);
+    assert!(
+        status["keys"][0]["ttl_ms"].as_u64().expect("ttl") > 10_000,
+        "{status}"
+    );
+    assert_eq!(status["keys"][0]["metadata"], "deploy-42", "{status}");
+    for op in ["refresh", "release"] {
+        let out = finish(lockset(&urls).args([op, "--token", "wrong", "db", "cache"]));
+        assert_eq!(out.code, Some(70), "{op}: {out:?}");
+        assert!(
+            out.stderr.contains("not held by this token"),
+            "{op}: {out:?}"
+        );
+    }
+    assert!(exists(&urls[0], "db") && exists(&urls[0], "cache"));
+
+    let out = finish(lockset(&urls).args(["release", "--token", &token, "db", "cache"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(!exists(&urls[0], "db") && !exists(&urls[0], "cache"));
+    // Gone: neither released again nor brought back by a refresh.
+    for op in ["release", "refresh"] {
+        let out = finish(lockset(&urls).args([op, "--token", &token, "db", "cache"]));
+        assert_eq!(out.code, Some(70), "{op}: {out:?}");
+    }
+    assert!(
+        !exists(&urls[0], "db"),
+        "refresh must not re-create a lost lock"
+    );
+
+    // With --fencing, a second line carries the fencing token.
+    let out = finish(lockset(&urls).args(["acquire", "--fencing", "db"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{out:?}");
+    assert!(lines[1].parse::<u64>().is_ok(), "{out:?}");
+
+    // Without --redis: LOCKSET_REDIS, then REDIS_URL.
+    for variable in ["LOCKSET_REDIS", "REDIS_URL"] {
+        let out = finish(lockset(&[]).env(variable, &urls[0]).args(["status", "db"]));
+        assert_eq!(out.code, Some(0), "{variable}: {out:?}");
+        assert!(out.stdout.contains("\"db\" is held"), "{variable}: {out:?}");
+    }
+}
+
+#[test]
+fn a_key_holding_another_type_exits_65() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    command_on(&urls[0], &["LPUSH", "job", "x"]);
+    let out = finish(lockset(&urls).args(["run", "job", "--", "true"]));
+    assert_eq!(out.code, Some(65), "{out:?}");
+    let status = status_json(&urls, &["job"]);
+    assert_eq!(status["keys"][0]["state"], "wrong_type", "{status}");
+}
+
+#[test]
+fn redlock_over_three_servers() {
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let token = acquire(
+        &urls,
+        &["--ttl", "30s", "--metadata", "quorum-holder", "job"],
+    );
+    assert!(urls.iter().all(|url| exists(url, "job")), "on every master");
+    let status = status_json(&urls, &["job"]);
+    assert_eq!(status["keys"][0]["held_on"], 3, "{status}");
+    assert_eq!(status["keys"][0]["nodes"], 3, "{status}");
+
+    let out = finish(lockset(&urls).args(["run", "job", "--", "true"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(out.stderr.contains("quorum-holder"), "{out:?}");
+    let out = finish(lockset(&urls).args(["refresh", "--token", &token, "job"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = finish(lockset(&urls).args(["release", "--token", &token, "job"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        urls.iter().all(|url| !exists(url, "job")),
+        "released everywhere"
+    );
+
+    // A minority down: a majority still makes the lock.
+    servers[2].stop();
+    let out = finish(lockset(&urls).args(["run", "job", "--", "true"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stderr.contains("unreachable"),
+        "says which master is down: {out:?}"
+    );
+    let out = finish(lockset(&urls).args(["run", "--fencing", "job", "--", "true"]));
+    assert_eq!(out.code, Some(64), "no fencing with a quorum: {out:?}");
+
+    // A majority down: unreachable.
+    servers[1].stop();
+    let out = finish(lockset(&urls).args(["run", "job", "--", "true"]));
+    assert_eq!(out.code, Some(69), "{out:?}");
+    assert!(out.stderr.contains("majority"), "{out:?}");
+}
+
+#[test]
+fn cluster_locks_with_hash_tags() {
+    let cluster = Cluster::start();
+    let urls = cluster.urls();
+    let cluster_cmd = || {
+        let mut command = lockset(&urls);
+        command.arg("--cluster");
+        command
+    };
+    let out = finish(
+        cluster_cmd()
+            .args(["run", "{deploy}:db", "{deploy}:cache", "--", "sh", "-c"])
+            .arg("echo $LOCKSET_KEYS"),
+    );
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "{deploy}:db {deploy}:cache\n"),
+        "{out:?}"
+    );
+
+    let out = finish(cluster_cmd().args(["acquire", "--metadata", "migrator", "{deploy}:db"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let token = out.stdout.trim().to_owned();
+    let out = finish(cluster_cmd().args(["run", "{deploy}:db", "{deploy}:cache", "--", "true"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(out.stderr.contains("migrator"), "{out:?}");
+    let out = finish(cluster_cmd().args(["status", "--json", "{deploy}:db", "other"]));
+    let status: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+    assert_eq!(status["keys"][0]["state"], "held", "{status}");
+    assert_eq!(status["keys"][1]["state"], "free", "{status}");
+    let out = finish(cluster_cmd().args(["release", "--token", &token, "{deploy}:db"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    let out = finish(cluster_cmd().args(["run", "db", "cache", "--", "true"]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(out.stderr.contains("slot"), "{out:?}");
+}
+
+#[test]
+fn bad_input_exits_64_with_usage_and_sends_nothing() {
+    // A listener that records any connection attempt.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
+    listener.set_nonblocking(true).expect("non-blocking");
+    let url = format!("redis://{}/", listener.local_addr().expect("address"));
+    let urls = [url.clone()];
+    let quorum = [url.clone(), url.clone(), url.clone()];
+    let not_redis = ["http://not-redis/".to_owned()];
+    let cases: Vec<(&[String], Vec<&str>)> = vec![
+        (&urls, vec![]),
+        (&urls, vec!["frobnicate"]),
+        (&urls, vec!["run", "", "--", "true"]),
+        (&urls, vec!["run", "a", "", "--", "true"]),
+        (&urls, vec!["run", "a", "a", "--", "true"]),
+        (&urls, vec!["run", "--ttl", "0", "a", "--", "true"]),
+        (&urls, vec!["run", "--ttl", "0s", "a", "--", "true"]),
+        (&urls, vec!["run", "--ttl", "-5s", "a", "--", "true"]),
+        (&urls, vec!["run", "--ttl", "soon", "a", "--", "true"]),
+        (&urls, vec!["run", "--wait", "-1s", "a", "--", "true"]),
+        (&urls, vec!["run", "--wait", "10", "a", "--", "true"]),
+        (&urls, vec!["run", "--kill-after", "-1s", "a", "--", "true"]),
+        (
+            &urls,
+            vec!["run", "--conflict-exit-code", "300", "a", "--", "true"],
+        ),
+        (&urls, vec!["run", "a"]),
+        (&urls, vec!["run", "a", "--"]),
+        (&urls, vec!["run", "a", "--", ""]),
+        (&urls, vec!["run", "--", "true"]),
+        (&urls, vec!["run", "--fencing", "odd}key", "--", "true"]),
+        (&urls, vec!["acquire"]),
+        (&urls, vec!["acquire", "--ttl", "0", "a"]),
+        (&urls, vec!["refresh", "a"]),
+        (&urls, vec!["refresh", "--token", "", "a"]),
+        (&urls, vec!["release", "--token", "t"]),
+        (&urls, vec!["status"]),
+        (
+            &urls,
+            vec!["--cluster", "run", "cart", "wallet", "--", "true"],
+        ),
+        (&quorum, vec!["run", "--fencing", "a", "--", "true"]),
+        (&not_redis, vec!["run", "a", "--", "true"]),
+    ];
+    for (urls, args) in cases {
+        let out = finish(lockset(urls).args(&args));
+        assert_eq!(out.code, Some(64), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("error:"), "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains("Usage:") || out.stderr.contains("--help"),
+            "{args:?}: {out:?}"
+        );
+        assert_eq!(out.stdout, "", "{args:?}: {out:?}");
+    }
+    match listener.accept() {
+        Err(err) if err.kind() == ErrorKind::WouldBlock => {}
+        other => panic!("something was sent to Redis: {other:?}"),
+    }
+}
+
+#[test]
+fn unreachable_redis_exits_69() {
+    // A port nobody listens on: bound, then closed.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    let urls = [format!("redis://127.0.0.1:{port}/")];
+    for args in [
+        vec!["run", "a", "--", "true"],
+        vec!["acquire", "a"],
+        vec!["status", "a"],
+        vec!["release", "--token", "t", "a"],
+    ] {
+        let out = finish(lockset(&urls).args(&args));
+        assert_eq!(out.code, Some(69), "{args:?}: {out:?}");
+        assert!(
+            out.stderr.contains("cannot reach Redis"),
+            "{args:?}: {out:?}"
+        );
+    }
+}
+
+#[test]
+fn every_help_page_is_complete_on_its_own() {
+    let help = |args: &[&str]| {
+        let out = finish(lockset(&[]).args(args).arg("--help"));
+        assert_eq!(out.code, Some(0), "{args:?}: {out:?}");
+        out.stdout
+    };
+    let top = help(&[]);
+    for sub in ["run", "acquire", "refresh", "release", "status"] {
+        assert!(top.contains(sub), "{sub} in {top}");
+    }
+    for sub in ["run", "acquire", "refresh", "release", "status"] {
+        let page = help(&[sub]);
+        for part in [
+            "Usage: lockset",
+            "--redis",
+            "--cluster",
+            "Exit status:",
+            "LOCKSET_REDIS",
+        ] {
+            assert!(page.contains(part), "{sub}: {part} in {page}");
+        }
+    }
+    let run = help(&["run"]);
+    for part in [
+        "kill -9",
+        "LOCKSET_KEYS",
+        "LOCKSET_FENCING_TOKEN",
+        "--kill-after",
+        "--conflict-exit-code",
+        "--wait",
+        "--ttl",
+        "--metadata",
+        "--fencing",
+        "SIGTERM",
+    ] {
+        assert!(run.contains(part), "run: {part} in {run}");
+    }
+    assert!(help(&["refresh"]).contains("--token"));
+    assert!(help(&["status"]).contains("--json"));
+}
