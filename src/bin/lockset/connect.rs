@@ -77,7 +77,7 @@ pub(crate) fn plan(urls: &[String], cluster: bool) -> Result<Plan, Failure> {
 }
 
 /// Connects per `plan`. Every single server gets release events, so waiters wake when a
-/// holder releases (a Redlock quorum and a cluster poll instead, see `Client::quorum`).
+/// holder releases (on a Redlock quorum, through each master's client); a cluster polls.
 pub(crate) async fn connect(plan: Plan) -> Result<Target, Failure> {
     match plan {
         Plan::Cluster(client) => {
@@ -96,7 +96,7 @@ pub(crate) async fn connect(plan: Plan) -> Result<Target, Failure> {
                 .await
                 .map_err(|err| unreachable(&address(&client), &err))?;
             Ok(Target::Single(Redis {
-                client: master(conn.clone(), client),
+                client: master(conn.clone(), client)?,
                 nodes: vec![conn],
             }))
         }
@@ -141,7 +141,7 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
             None => ConnectionManager::new_lazy_with_config(client.clone(), config())
                 .map_err(|err| unreachable(&address(&client), &err))?,
         };
-        masters.push(master(conn.clone(), client));
+        masters.push(master(conn.clone(), client)?);
         nodes.push(conn);
     }
     let client = Client::quorum(masters, QuorumConfig::default())
@@ -150,8 +150,13 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
 }
 
 /// A single-server client: `Client::connect` without its long connection retries.
-fn master(conn: ConnectionManager, client: redis::Client) -> Client<ConnectionManager> {
-    Client::new(conn).with_release_events(client)
+fn master(
+    conn: ConnectionManager,
+    client: redis::Client,
+) -> Result<Client<ConnectionManager>, Failure> {
+    Client::new(conn)
+        .with_release_events(client)
+        .map_err(|err| Failure::from_error(&err))
 }
 
 /// A connection manager that gives up after [`CONNECT_RETRIES`].
