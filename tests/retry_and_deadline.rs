@@ -157,7 +157,13 @@ async fn a_deadline_in_the_past_still_tries_once() {
 #[tokio::test]
 async fn a_retry_longer_than_the_deadline_is_not_slept() {
     let env = Env::start().await;
-    let _held = hold(&env, "job").await;
+    // Held beyond the deadline: the holder's expiry cannot wake the waiter in time either.
+    let _held = env
+        .other_client()
+        .await
+        .obtain("job", Duration::from_secs(7_200), &Options::default())
+        .await
+        .unwrap();
     // A polling client: nothing but the retry could wake it before the deadline.
     let polling = Client::new(support::connect(&env.server).await);
     let options = Options::default()

@@ -15,7 +15,7 @@ impl Cluster {
     /// every node reports `cluster_state:ok`.
     pub fn start() -> Self {
         let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
-        let mut create = Command::new("redis-cli");
+        let mut create = Command::new(super::server::cli_binary());
         create.arg("--cluster").arg("create");
         for node in &nodes {
             create.arg(format!("127.0.0.1:{}", node.port()));
@@ -117,7 +117,7 @@ impl Cluster {
 }
 
 fn cli(port: u16, args: &[&str]) -> String {
-    let output = Command::new("redis-cli")
+    let output = Command::new(super::server::cli_binary())
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args)
         .output()

@@ -5,7 +5,7 @@
 pub mod cluster;
 pub mod masters;
 pub mod proxy;
-mod server;
+pub mod server;
 
 use std::time::Duration;
 

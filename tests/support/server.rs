@@ -1,5 +1,9 @@
 //! Private redis-server processes for tests and examples: each on a free loopback port,
 //! with persistence off, stopped when dropped. Never touches a server it did not start.
+//!
+//! `LOCKSET_REDIS_SERVER` names the `redis-server` binary to run (default: the one on `PATH`),
+//! so the suite runs against any version; `redis-cli` is taken from beside it when there is
+//! one there.
 
 #![allow(dead_code, unreachable_pub)]
 use std::io::{Read as _, Write as _};
@@ -86,7 +90,7 @@ impl RedisServer {
     }
 
     fn try_start_with(port: u16, extra: &[&str]) -> Option<Self> {
-        let child = Command::new("redis-server")
+        let child = Command::new(server_binary())
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(extra)
             .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
@@ -182,6 +186,25 @@ pub fn url_or_start() -> (String, Option<RedisServer>) {
             let server = RedisServer::start();
             (server.url(), Some(server))
         }
+    }
+}
+
+/// The `redis-server` to run: `LOCKSET_REDIS_SERVER`, or the one on `PATH`.
+pub fn server_binary() -> std::path::PathBuf {
+    match std::env::var_os("LOCKSET_REDIS_SERVER") {
+        Some(path) if !path.is_empty() => path.into(),
+        _ => "redis-server".into(),
+    }
+}
+
+/// The `redis-cli` beside [`server_binary`], else the one on `PATH`.
+pub fn cli_binary() -> std::path::PathBuf {
+    let server = server_binary();
+    let beside = server.with_file_name("redis-cli");
+    if server.parent().is_some_and(|dir| !dir.as_os_str().is_empty()) && beside.exists() {
+        beside
+    } else {
+        "redis-cli".into()
     }
 }
 
