@@ -156,7 +156,11 @@ async fn a_deadline_passed_during_the_first_attempt_ends_the_obtain_without_subs
         .unwrap_err();
     assert!(err.is_deadline_exceeded(), "{err:?}");
     assert_eq!(env.attempts().await - before, 1, "one attempt only");
-    assert_eq!(env.calls("subscribe").await, 0, "subscribed past the deadline");
+    assert_eq!(
+        env.calls("subscribe").await,
+        0,
+        "subscribed past the deadline"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

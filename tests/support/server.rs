@@ -201,7 +201,11 @@ pub fn server_binary() -> std::path::PathBuf {
 pub fn cli_binary() -> std::path::PathBuf {
     let server = server_binary();
     let beside = server.with_file_name("redis-cli");
-    if server.parent().is_some_and(|dir| !dir.as_os_str().is_empty()) && beside.exists() {
+    if server
+        .parent()
+        .is_some_and(|dir| !dir.as_os_str().is_empty())
+        && beside.exists()
+    {
         beside
     } else {
         "redis-cli".into()
