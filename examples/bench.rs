@@ -2,16 +2,25 @@
 //!
 //! Run with `cargo run --release --example bench`. Starts its own redis-server (or uses
 //! `REDIS_URL`), runs every workload for both implementations, alternating rounds so that
-//! machine noise hits both alike, prints one JSON line per result and a summary of ratios.
+//! machine noise hits both alike, prints one JSON line per result and a table of ratios.
 //!
 //! - W1 uncontended: C tasks, each on its own key, obtain + release, no retry.
-//! - W2 contended: 8 tasks on one key, obtain with retry (linear 1 ms fallback for both),
-//!   hold 0 ms, release; hand-off latency from a release being sent to the next acquisition,
-//!   and a mutual-exclusion check.
+//! - W2 contended: 8 tasks on one key, each obtain retried every 1 ms (lockset: linear 1 ms
+//!   fallback, woken by release events), a critical section with an await inside (a
+//!   non-atomic read, yield, write of a shared counter: a second holder would lose an update)
+//!   and a hold of 0 or 1 ms, release. `shared`: every task on one client (lockset hands over
+//!   in-process); `procs`: one client per task, with its own connections (and, for lockset, its
+//!   own pub/sub connection), as separate processes would have. Hand-off is from a release
+//!   being sent to the next holder having the lock.
 //! - W3 multi-key: one task, locks of K keys.
 //!
-//! The raw baseline does the minimum by hand: `SET key value NX PX ttl`, then EVALSHA of a
-//! compare-and-delete (per key with a pipeline for W3, which is not all-or-nothing).
+//! The raw baseline does the minimum by hand, on the same cheap path lockset uses (commands
+//! built once, scripts pre-loaded and sent by EVALSHA): W1 and W2 obtain with
+//! `SET key value NX PX ttl` and release with a compare-and-delete script; W3 obtains with a
+//! script doing MSETNX plus one PEXPIRE per key, and releases with MGET, compare, DEL.
+//!
+//! Every result carries the server commands per operation, from `INFO commandstats` (script
+//! calls and the commands they run both count): the work each lock costs the server.
 
 #[path = "../tests/support/server.rs"]
 mod server;
@@ -23,7 +32,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use lockset::redis::aio::MultiplexedConnection;
-use lockset::redis::{self, Script};
+use lockset::redis::{self, Cmd, Script};
 use lockset::{Client, Options, Retry};
 use rand::Rng as _;
 use tokio::sync::Mutex;
@@ -32,13 +41,27 @@ use tokio::time::Instant;
 const TTL: Duration = Duration::from_secs(10);
 const ROUNDS: usize = 11;
 const ROUND: Duration = Duration::from_millis(500);
+/// Tasks contending in W2.
+const CONTENDERS: usize = 8;
 
-const RAW_RELEASE: &str = r"
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) ~= ARGV[1] then return 0 end
-end
-for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
+/// Compare-and-delete of one key (W1, W2).
+const RAW_RELEASE_ONE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0";
+
+/// All or nothing: MSETNX, then one PEXPIRE per key (W3).
+const RAW_OBTAIN_MANY: &str = r"
+local pairs = {}
+for i = 1, #KEYS do pairs[2 * i - 1] = KEYS[i]; pairs[2 * i] = ARGV[1] end
+if redis.call('MSETNX', unpack(pairs)) == 0 then return 0 end
+for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
 return 1";
+
+/// MGET, compare, DEL (W3).
+const RAW_RELEASE_MANY: &str = r"
+local values = redis.call('MGET', unpack(KEYS))
+for i = 1, #KEYS do if values[i] ~= ARGV[1] then return 0 end end
+return redis.call('DEL', unpack(KEYS))";
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Impl {
@@ -55,6 +78,18 @@ impl Impl {
     }
 }
 
+/// One workload configuration.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+struct Workload {
+    name: &'static str,
+    /// How the tasks share clients (W2): "shared" or "procs"; "-" otherwise.
+    clients: &'static str,
+    concurrency: usize,
+    keys: usize,
+    /// Time each holder keeps the lock, in ms (W2).
+    hold_ms: u64,
+}
+
 /// What one round measured.
 #[derive(Default)]
 struct Sample {
@@ -63,6 +98,10 @@ struct Sample {
     latencies_us: Vec<u32>,
     handoffs_us: Vec<u32>,
     violations: u64,
+    /// Server commands run during the round.
+    commands: u64,
+    /// Acquisitions per task (W2).
+    per_task: Vec<u64>,
 }
 
 impl Sample {
@@ -72,14 +111,125 @@ impl Sample {
         self.latencies_us.extend(other.latencies_us);
         self.handoffs_us.extend(other.handoffs_us);
         self.violations += other.violations;
+        self.commands += other.commands;
+        if self.per_task.len() < other.per_task.len() {
+            self.per_task.resize(other.per_task.len(), 0);
+        }
+        for (mine, theirs) in self.per_task.iter_mut().zip(other.per_task) {
+            *mine += theirs;
+        }
+    }
+
+    /// The busiest task's share of all acquisitions.
+    fn busiest_share(&self) -> f64 {
+        let total: u64 = self.per_task.iter().sum();
+        let busiest = self.per_task.iter().copied().max().unwrap_or(0);
+        if total == 0 {
+            0.0
+        } else {
+            busiest as f64 / total as f64
+        }
     }
 }
 
-/// The two implementations, sharing one server.
+/// The raw baseline's connection, with its scripts loaded.
+#[derive(Clone)]
+struct Raw {
+    conn: MultiplexedConnection,
+    release_one: String,
+    obtain_many: String,
+    release_many: String,
+}
+
+impl Raw {
+    async fn new(client: &redis::Client) -> Self {
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let mut load = async |source: &str| -> String {
+            Script::new(source)
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .expect("SCRIPT LOAD")
+        };
+        let (release_one, obtain_many, release_many) = (
+            load(RAW_RELEASE_ONE).await,
+            load(RAW_OBTAIN_MANY).await,
+            load(RAW_RELEASE_MANY).await,
+        );
+        Self {
+            conn,
+            release_one,
+            obtain_many,
+            release_many,
+        }
+    }
+
+    /// One obtain attempt: true when obtained.
+    async fn obtain(&self, keys: &[String], value: &str) -> bool {
+        let ttl_ms = TTL.as_millis() as u64;
+        let mut cmd = Cmd::new();
+        if let [key] = keys {
+            cmd.arg("SET")
+                .arg(key)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms);
+            let set: Option<String> = cmd.query_async(&mut self.conn.clone()).await.expect("SET");
+            return set.is_some();
+        }
+        cmd.arg("EVALSHA")
+            .arg(&self.obtain_many)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(value)
+            .arg(ttl_ms);
+        let done: i64 = cmd
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("obtain");
+        done == 1
+    }
+
+    async fn release(&self, keys: &[String], value: &str) {
+        let script = if keys.len() == 1 {
+            &self.release_one
+        } else {
+            &self.release_many
+        };
+        let mut cmd = Cmd::new();
+        cmd.arg("EVALSHA")
+            .arg(script)
+            .arg(keys.len())
+            .arg(keys)
+            .arg(value);
+        let _: i64 = cmd
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("release");
+    }
+}
+
+/// The clients of both implementations: shared ones, and one per contending task.
 struct Bench {
-    raw: MultiplexedConnection,
+    inspect: MultiplexedConnection,
+    raw: Raw,
     lockset: Client<MultiplexedConnection>,
-    release: Script,
+    raw_per_task: Vec<Raw>,
+    lockset_per_task: Vec<Client<MultiplexedConnection>>,
+}
+
+async fn lockset_client(client: &redis::Client) -> Client<MultiplexedConnection> {
+    let conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    Client::new(conn)
+        .with_release_events(client.clone())
+        .expect("release events")
 }
 
 fn token() -> String {
@@ -88,57 +238,69 @@ fn token() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
+/// State the contending tasks of one W2 round share.
+#[derive(Default)]
+struct Contention {
+    stop: AtomicBool,
+    /// Holders inside the critical section now (more than one is a violation).
+    inside: AtomicUsize,
+    violations: AtomicU64,
+    /// Incremented non-atomically by each holder: lost updates show overlapping holders.
+    counter: AtomicU64,
+    /// When the last release was sent.
+    released: Mutex<Option<Instant>>,
+}
+
+impl Contention {
+    /// The critical section: a read, an await, a write; a second holder inside is counted.
+    async fn critical_section(&self, hold: Duration) {
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        let read = self.counter.load(Ordering::SeqCst);
+        if hold.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(hold).await;
+        }
+        self.counter.store(read + 1, Ordering::SeqCst);
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 impl Bench {
-    /// One raw obtain attempt: true when obtained.
-    async fn raw_obtain(&self, keys: &[String], value: &str) -> bool {
-        let mut conn = self.raw.clone();
-        if let [key] = keys {
-            let set: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(TTL.as_millis() as u64)
-                .query_async(&mut conn)
-                .await
-                .expect("SET");
-            return set.is_some();
-        }
-        let mut pipe = redis::pipe();
-        for key in keys {
-            pipe.cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(TTL.as_millis() as u64);
-        }
-        let set: Vec<Option<String>> = pipe.query_async(&mut conn).await.expect("SET pipeline");
-        set.iter().all(Option::is_some)
-    }
-
-    async fn raw_release(&self, keys: &[String], value: &str) {
-        let mut invocation = self.release.prepare_invoke();
-        invocation.key(keys).arg(value);
-        let _: i64 = invocation
-            .invoke_async(&mut self.raw.clone())
+    /// Server commands run so far (all of them but INFO).
+    async fn commands(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.inspect.clone())
             .await
-            .expect("release");
+            .expect("INFO");
+        info.lines()
+            .filter(|line| !line.starts_with("cmdstat_info:"))
+            .filter_map(|line| line.split_once(":calls="))
+            .filter_map(|(_, rest)| rest.split(',').next()?.parse::<u64>().ok())
+            .sum()
     }
 
-    /// W1 and W3: `tasks` tasks, each locking its own `keys_per_lock` keys in a loop.
-    async fn uncontended(
-        self: &Arc<Self>,
-        which: Impl,
-        tasks: usize,
-        keys_per_lock: usize,
-    ) -> Sample {
+    async fn run(self: &Arc<Self>, which: Impl, workload: Workload) -> Sample {
+        let before = self.commands().await;
+        let mut sample = match workload.name {
+            "w2" => self.contended(which, workload).await,
+            _ => self.uncontended(which, workload).await,
+        };
+        sample.commands = self.commands().await - before;
+        sample
+    }
+
+    /// W1 and W3: tasks each locking their own keys in a loop.
+    async fn uncontended(self: &Arc<Self>, which: Impl, workload: Workload) -> Sample {
         let stop = Arc::new(AtomicBool::new(false));
-        let handles: Vec<_> = (0..tasks)
+        let handles: Vec<_> = (0..workload.concurrency)
             .map(|t| {
                 let (bench, stop) = (self.clone(), stop.clone());
                 tokio::spawn(async move {
-                    let keys: Vec<String> = (0..keys_per_lock)
+                    let keys: Vec<String> = (0..workload.keys)
                         .map(|k| format!("{{w{t}}}:{k}"))
                         .collect();
                     let mut latencies = Vec::new();
@@ -147,13 +309,13 @@ impl Bench {
                         match which {
                             Impl::Raw => {
                                 let value = token();
-                                assert!(bench.raw_obtain(&keys, &value).await, "uncontended");
-                                bench.raw_release(&keys, &value).await;
+                                assert!(bench.raw.obtain(&keys, &value).await, "uncontended");
+                                bench.raw.release(&keys, &value).await;
                             }
                             Impl::Lockset => {
                                 let lock = bench
                                     .lockset
-                                    .obtain_multi(keys.iter().cloned(), TTL, &Options::default())
+                                    .obtain_multi(&keys, TTL, &Options::default())
                                     .await
                                     .expect("uncontended obtain");
                                 lock.release().await.expect("release");
@@ -177,54 +339,49 @@ impl Bench {
         sample
     }
 
-    /// W2: `tasks` tasks contend for one key, retrying with a 1 ms linear fallback.
-    async fn contended(self: &Arc<Self>, which: Impl, tasks: usize) -> Sample {
-        let stop = Arc::new(AtomicBool::new(false));
-        let inside = Arc::new(AtomicUsize::new(0));
-        let violations = Arc::new(AtomicU64::new(0));
-        // When the last release was sent.
-        let released: Arc<Mutex<Option<Instant>>> = Arc::default();
+    /// W2: tasks contending for one key.
+    async fn contended(self: &Arc<Self>, which: Impl, workload: Workload) -> Sample {
+        let shared = Arc::new(Contention::default());
+        let hold = Duration::from_millis(workload.hold_ms);
         let options = Options::default()
             .retry(Retry::linear(Duration::from_millis(1)))
             .timeout(Duration::from_secs(30));
-        let handles: Vec<_> = (0..tasks)
-            .map(|_| {
-                let (bench, stop, options) = (self.clone(), stop.clone(), options.clone());
-                let (inside, violations, released) =
-                    (inside.clone(), violations.clone(), released.clone());
+        let handles: Vec<_> = (0..workload.concurrency)
+            .map(|t| {
+                let (raw, lockset) = match workload.clients {
+                    "procs" => (
+                        self.raw_per_task[t].clone(),
+                        self.lockset_per_task[t].clone(),
+                    ),
+                    _ => (self.raw.clone(), self.lockset.clone()),
+                };
+                let (shared, options) = (shared.clone(), options.clone());
                 tokio::spawn(async move {
                     let keys = vec!["w2".to_string()];
                     let (mut latencies, mut handoffs) = (Vec::new(), Vec::new());
-                    while !stop.load(Ordering::Relaxed) {
+                    while !shared.stop.load(Ordering::Relaxed) {
                         let start = Instant::now();
                         let value = token();
                         let lock = match which {
                             Impl::Raw => {
-                                while !bench.raw_obtain(&keys, &value).await {
+                                while !raw.obtain(&keys, &value).await {
                                     tokio::time::sleep(Duration::from_millis(1)).await;
                                 }
                                 None
                             }
-                            Impl::Lockset => Some(
-                                bench
-                                    .lockset
-                                    .obtain("w2", TTL, &options)
-                                    .await
-                                    .expect("obtain"),
-                            ),
+                            Impl::Lockset => {
+                                Some(lockset.obtain("w2", TTL, &options).await.expect("obtain"))
+                            }
                         };
                         let acquired = Instant::now();
-                        if let Some(sent) = released.lock().await.take() {
+                        if let Some(sent) = shared.released.lock().await.take() {
                             handoffs.push(micros(acquired.saturating_duration_since(sent)));
                         }
                         latencies.push(micros(acquired - start));
-                        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                            violations.fetch_add(1, Ordering::SeqCst);
-                        }
-                        inside.fetch_sub(1, Ordering::SeqCst);
-                        *released.lock().await = Some(Instant::now());
+                        shared.critical_section(hold).await;
+                        *shared.released.lock().await = Some(Instant::now());
                         match lock {
-                            None => bench.raw_release(&keys, &value).await,
+                            None => raw.release(&keys, &value).await,
                             Some(lock) => lock.release().await.expect("release"),
                         }
                     }
@@ -234,16 +391,22 @@ impl Bench {
             .collect();
         let start = Instant::now();
         tokio::time::sleep(ROUND).await;
-        stop.store(true, Ordering::Relaxed);
+        shared.stop.store(true, Ordering::Relaxed);
         let mut sample = Sample::default();
         for handle in handles {
             let (latencies, handoffs) = handle.await.expect("task");
+            sample.per_task.push(latencies.len() as u64);
             sample.latencies_us.extend(latencies);
             sample.handoffs_us.extend(handoffs);
         }
         sample.seconds = start.elapsed().as_secs_f64();
         sample.ops = sample.latencies_us.len() as u64;
-        sample.violations = violations.load(Ordering::SeqCst);
+        sample.violations = shared.violations.load(Ordering::SeqCst);
+        // Every acquisition went through the critical section once.
+        let lost = sample
+            .ops
+            .saturating_sub(shared.counter.load(Ordering::SeqCst));
+        sample.violations += lost;
         sample
     }
 }
@@ -266,53 +429,74 @@ fn percentile(values: &mut [u32], p: f64) -> u32 {
     values[index]
 }
 
-/// One workload configuration.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Workload {
-    name: &'static str,
-    concurrency: usize,
-    keys: usize,
+fn workloads() -> Vec<Workload> {
+    let base = Workload {
+        name: "w1",
+        clients: "-",
+        concurrency: 1,
+        keys: 1,
+        hold_ms: 0,
+    };
+    let mut workloads = Vec::new();
+    for concurrency in [1, 16, 64] {
+        workloads.push(Workload {
+            concurrency,
+            ..base
+        });
+    }
+    for (clients, hold_ms) in [("shared", 0), ("procs", 0), ("procs", 1)] {
+        workloads.push(Workload {
+            name: "w2",
+            clients,
+            concurrency: CONTENDERS,
+            hold_ms,
+            ..base
+        });
+    }
+    for keys in [1, 10, 100, 1_000] {
+        workloads.push(Workload {
+            name: "w3",
+            keys,
+            ..base
+        });
+    }
+    // BENCH_ONLY=w2 (or w1:64, w2:procs, w3:1000) runs just those workloads.
+    if let Ok(only) = std::env::var("BENCH_ONLY") {
+        workloads.retain(|w| {
+            let tag = match w.name {
+                "w1" => format!("{}:{}", w.name, w.concurrency),
+                "w2" => format!("{}:{}", w.name, w.clients),
+                _ => format!("{}:{}", w.name, w.keys),
+            };
+            only.split(',')
+                .any(|o| o == w.name || tag == o || tag.starts_with(&format!("{o}:")))
+        });
+    }
+    workloads
 }
 
 #[tokio::main]
 async fn main() {
     let (url, _server) = server::url_or_start();
     let client = redis::Client::open(url.as_str()).expect("url");
-    let conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut raw_per_task = Vec::new();
+    let mut lockset_per_task = Vec::new();
+    for _ in 0..CONTENDERS {
+        raw_per_task.push(Raw::new(&client).await);
+        lockset_per_task.push(lockset_client(&client).await);
+    }
     let bench = Arc::new(Bench {
-        raw: conn.clone(),
-        lockset: Client::new(conn).with_release_events(client).unwrap(),
-        release: Script::new(RAW_RELEASE),
+        inspect: client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect"),
+        raw: Raw::new(&client).await,
+        lockset: lockset_client(&client).await,
+        raw_per_task,
+        lockset_per_task,
     });
 
-    let mut workloads = Vec::new();
-    for concurrency in [1, 16, 64] {
-        workloads.push(Workload {
-            name: "w1",
-            concurrency,
-            keys: 1,
-        });
-    }
-    workloads.push(Workload {
-        name: "w2",
-        concurrency: 8,
-        keys: 1,
-    });
-    for keys in [1, 10, 100, 1_000] {
-        workloads.push(Workload {
-            name: "w3",
-            concurrency: 1,
-            keys,
-        });
-    }
-
-    // BENCH_ONLY=w1:64 runs just that workload and concurrency (for profiling).
-    if let Ok(only) = std::env::var("BENCH_ONLY") {
-        workloads.retain(|w| format!("{}:{}", w.name, w.concurrency) == only);
-    }
+    let workloads = workloads();
     let mut results: BTreeMap<(Workload, Impl), Sample> = BTreeMap::new();
     // Per workload, the lockset/raw throughput ratio of each pair of back-to-back rounds.
     let mut round_ratios: BTreeMap<Workload, Vec<f64>> = BTreeMap::new();
@@ -331,14 +515,7 @@ async fn main() {
                     rates[which as usize] = 1.0;
                     continue;
                 }
-                let sample = match workload.name {
-                    "w2" => bench.contended(which, workload.concurrency).await,
-                    _ => {
-                        bench
-                            .uncontended(which, workload.concurrency, workload.keys)
-                            .await
-                    }
-                };
+                let sample = bench.run(which, *workload).await;
                 rates[which as usize] = sample.ops as f64 / sample.seconds;
                 results.entry((*workload, which)).or_default().merge(sample);
             }
@@ -348,69 +525,106 @@ async fn main() {
                 .push(rates[1] / rates[0]);
         }
     }
+    report(results, round_ratios);
+}
 
-    let mut summary = Vec::new();
+/// One implementation's figures for one workload.
+struct Figures {
+    ops_per_sec: f64,
+    p50: u32,
+    p99: u32,
+    handoff: (u32, u32),
+    commands_per_op: f64,
+    busiest: f64,
+    violations: u64,
+}
+
+fn report(
+    mut results: BTreeMap<(Workload, Impl), Sample>,
+    mut round_ratios: BTreeMap<Workload, Vec<f64>>,
+) {
+    let mut summary: Vec<(Workload, Impl, Figures)> = Vec::new();
     for ((workload, which), sample) in &mut results {
-        let ops_per_sec = sample.ops as f64 / sample.seconds;
-        let p50 = percentile(&mut sample.latencies_us, 0.50);
-        let p99 = percentile(&mut sample.latencies_us, 0.99);
-        let mut line = format!(
-            r#"{{"impl":"{}","workload":"{}","concurrency":{},"keys":{},"ops":{},"seconds":{:.3},"ops_per_sec":{:.1},"p50_us":{},"p99_us":{}"#,
-            which.name(),
-            workload.name,
-            workload.concurrency,
-            workload.keys,
-            sample.ops,
-            sample.seconds,
-            ops_per_sec,
-            p50,
-            p99
-        );
-        let mut handoff = (0, 0);
-        if workload.name == "w2" {
-            handoff = (
+        let figures = Figures {
+            ops_per_sec: sample.ops as f64 / sample.seconds,
+            p50: percentile(&mut sample.latencies_us, 0.50),
+            p99: percentile(&mut sample.latencies_us, 0.99),
+            handoff: (
                 percentile(&mut sample.handoffs_us, 0.50),
                 percentile(&mut sample.handoffs_us, 0.99),
-            );
-            line.push_str(&format!(
-                r#","handoff_p50_us":{},"handoff_p99_us":{},"violations":{}"#,
-                handoff.0, handoff.1, sample.violations
-            ));
-        }
-        line.push('}');
-        println!("{line}");
-        summary.push((*workload, *which, ops_per_sec, p50, p99, handoff));
+            ),
+            commands_per_op: sample.commands as f64 / sample.ops.max(1) as f64,
+            busiest: sample.busiest_share(),
+            violations: sample.violations,
+        };
+        println!(
+            r#"{{"impl":"{}","workload":"{}","clients":"{}","concurrency":{},"keys":{},"hold_ms":{},"ops":{},"seconds":{:.3},"ops_per_sec":{:.1},"p50_us":{},"p99_us":{},"handoff_p50_us":{},"handoff_p99_us":{},"commands_per_op":{:.2},"busiest_share":{:.3},"violations":{}}}"#,
+            which.name(),
+            workload.name,
+            workload.clients,
+            workload.concurrency,
+            workload.keys,
+            workload.hold_ms,
+            sample.ops,
+            sample.seconds,
+            figures.ops_per_sec,
+            figures.p50,
+            figures.p99,
+            figures.handoff.0,
+            figures.handoff.1,
+            figures.commands_per_op,
+            figures.busiest,
+            figures.violations,
+        );
+        summary.push((*workload, *which, figures));
     }
 
     println!();
     println!(
-        "| workload | C | K | raw ops/s | lockset ops/s | lockset/raw (median of paired rounds) | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs (raw → lockset) |"
+        "| workload | clients | C | K | hold ms | raw ops/s | lockset ops/s | lockset/raw | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs raw → lockset | server cmds/op raw → lockset | busiest share raw → lockset | violations |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for pair in summary.chunks(2) {
-        let [raw, lockset] = pair else { continue };
-        let handoff = if raw.0.name == "w2" {
-            format!("{}/{} → {}/{}", raw.5.0, raw.5.1, lockset.5.0, lockset.5.1)
+        let [(workload, _, raw), (_, _, lockset)] = pair else {
+            continue;
+        };
+        let contended = workload.name == "w2";
+        let ratios = round_ratios
+            .get_mut(workload)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        let handoff = if contended {
+            format!(
+                "{}/{} → {}/{}",
+                raw.handoff.0, raw.handoff.1, lockset.handoff.0, lockset.handoff.1
+            )
         } else {
             "-".to_string()
         };
-        let ratios = round_ratios
-            .get_mut(&raw.0)
-            .map(std::mem::take)
-            .unwrap_or_default();
+        let share = if contended {
+            format!("{:.2} → {:.2}", raw.busiest, lockset.busiest)
+        } else {
+            "-".to_string()
+        };
         println!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} |",
-            raw.0.name,
-            raw.0.concurrency,
-            raw.0.keys,
-            raw.2,
-            lockset.2,
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {:.1} → {:.1} | {} | {} |",
+            workload.name,
+            workload.clients,
+            workload.concurrency,
+            workload.keys,
+            workload.hold_ms,
+            raw.ops_per_sec,
+            lockset.ops_per_sec,
             median(ratios),
-            raw.3,
-            raw.4,
-            lockset.3,
-            lockset.4,
-            handoff
+            raw.p50,
+            raw.p99,
+            lockset.p50,
+            lockset.p99,
+            handoff,
+            raw.commands_per_op,
+            lockset.commands_per_op,
+            share,
+            raw.violations + lockset.violations,
         );
     }
 }

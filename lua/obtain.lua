@@ -30,17 +30,57 @@ if ARGV[4] == '1' then
   count = count - 1
 end
 
+-- The all-free case first, the cheapest way the server offers and with nothing else set up:
+-- MSETNX per chunk of keys, then one PEXPIRE per key. A chunk that finds any key taken
+-- undoes the chunks before it, and the keys are then looked at one by one.
+local CHUNK = 1000
+local created = 0  -- keys 1..created were visited: all created by this call but those in mine
+local all_free = true
+for first = 1, count, CHUNK do
+  local last = math.min(first + CHUNK - 1, count)
+  local args = {}
+  for i = first, last do
+    args[2 * (i - first) + 1] = KEYS[i]
+    args[2 * (i - first) + 2] = value
+  end
+  local set = redis.pcall('MSETNX', unpack(args))
+  if set ~= 1 then
+    -- Taken (0), or an error such as OOM: undo the chunks before; look closer below.
+    for i = 1, first - 1 do
+      redis.call('DEL', KEYS[i])
+    end
+    if type(set) == 'table' then
+      return set
+    end
+    created = 0
+    all_free = false
+    break
+  end
+  for i = first, last do
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+  created = last
+end
+
+if all_free and not counter then
+  return {1, false}
+end
+
 -- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
 local function owned(current)
   return current == value or string.sub(current, 1, n) == owner
     or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)
 end
 
-local fresh = {}   -- keys this call created, undone when it fails
 local mine = {}    -- {index, current value} of keys this owner already held
 local function undo()
-  for j = 1, #fresh do
-    redis.call('DEL', KEYS[fresh[j]])
+  local m = 1
+  for i = 1, created do
+    if mine[m] and mine[m][1] == i then
+      m = m + 1
+    else
+      redis.call('DEL', KEYS[i])
+    end
   end
 end
 
@@ -60,19 +100,22 @@ local function held_by_another(i, current)
   return {0, redis.call('PTTL', KEYS[i]), i}
 end
 
-if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
-  -- Try the all-free case first: one command per key sets it or returns its holder's value.
+if all_free then
+  -- Every key was created above.
+elseif (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+  -- One command per key sets it or returns its holder's value.
   for i = 1, count do
     local current = redis.pcall('SET', KEYS[i], value, 'NX', 'PX', ttl, 'GET')
-    if not current then
-      fresh[#fresh + 1] = i
-    elseif type(current) == 'table' then
-      return failed(current, KEYS[i])
-    elseif owned(current) then
-      mine[#mine + 1] = {i, current}
-    else
-      return held_by_another(i, current)
+    if current then
+      if type(current) == 'table' then
+        return failed(current, KEYS[i])
+      elseif owned(current) then
+        mine[#mine + 1] = {i, current}
+      else
+        return held_by_another(i, current)
+      end
     end
+    created = i
   end
 else
   -- Before Redis 7, SET cannot return the old value: look at every key, then write.
@@ -95,7 +138,7 @@ else
     if type(done) == 'table' and done.err then
       return failed(done, KEYS[free[j]])
     end
-    fresh[#fresh + 1] = free[j]
+    created = free[j]
   end
 end
 

@@ -355,9 +355,11 @@ where
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, self.ttl);
         let events = self.client.events();
+        // A payload names the release only when a local waiter is handed the lock, so that
+        // its announcement can be skipped.
         let payload = match events {
             _ if !self.client.announces() => None,
-            [events] => Some(events.payload()),
+            [events] if events.channels() > 0 => Some(events.payload()),
             _ => Some(String::new()),
         };
         let release = self.client.backend().release(&claim, payload.as_deref());

@@ -14,6 +14,9 @@ pub const MAX_KEYS: usize = 100_000;
 /// The longest TTL: 2^52 ms, about 142,000 years, far inside what Redis accepts.
 pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
 
+/// Key sets up to this size are checked for duplicates pairwise.
+const SMALL_SET: usize = 16;
+
 /// Checks a key set: not empty, no empty key, no duplicate, at most [`MAX_KEYS`].
 pub(crate) fn keys(keys: &[String]) -> Result<(), InvalidInput> {
     if keys.is_empty() {
@@ -28,14 +31,20 @@ pub(crate) fn keys(keys: &[String]) -> Result<(), InvalidInput> {
     if let Some(index) = keys.iter().position(String::is_empty) {
         return Err(InvalidInput::EmptyKey { index });
     }
-    // A single key cannot repeat; skip the set (and its allocation) on the hot path.
-    if keys.len() > 1 {
+    // Small sets are compared pairwise, without allocating a set on the hot path.
+    let duplicate = if keys.len() <= SMALL_SET {
+        keys.iter()
+            .enumerate()
+            .find(|(i, key)| keys[..*i].contains(key))
+            .map(|(_, key)| key)
+    } else {
         let mut seen = HashSet::with_capacity(keys.len());
-        if let Some(key) = keys.iter().find(|key| !seen.insert(key.as_str())) {
-            return Err(InvalidInput::DuplicateKey { key: key.clone() });
-        }
+        keys.iter().find(|key| !seen.insert(key.as_str()))
+    };
+    match duplicate {
+        Some(key) => Err(InvalidInput::DuplicateKey { key: key.clone() }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Converts a TTL to whole milliseconds, rounding up: a lock never lives shorter than
