@@ -92,9 +92,17 @@ local function failed(err, key)
   return err
 end
 
+-- Whether a value was written by this library: "<token length>:<token>..." with a token as
+-- long as it says. Only those are ever marked.
+local function ours_to_mark(current)
+  local digits = string.match(current, '^(%d+):')
+  local len = tonumber(digits)
+  return len ~= nil and len > 0 and #current >= #digits + 1 + len
+end
+
 local function held_by_another(i, current)
   undo()
-  if mark_holder and string.find(current, '^%d+:') then
+  if mark_holder and ours_to_mark(current) then
     redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
   end
   return {0, redis.call('PTTL', KEYS[i]), i}

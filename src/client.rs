@@ -293,9 +293,16 @@ where
         let tasks = Tasks::default();
         let quorum = Quorum::new(stores, config, tasks.clone())?;
         let client = Self::with_backend(Backend::Quorum(quorum), false, tasks);
-        // Waiters listen on every master that has release events; any one may wake them.
-        let events = nodes.iter().flat_map(|node| node.events().iter().cloned());
-        let _ = client.inner.events.set(events.collect());
+        // Waiters listen on every master that has release events, with listeners of the
+        // quorum's own that hear each release once.
+        let masters: Vec<Events> = nodes
+            .iter()
+            .flat_map(|node| node.events().iter().cloned())
+            .collect();
+        let _ = client
+            .inner
+            .events
+            .set(Events::for_quorum(&masters).into_boxed_slice());
         Ok(client)
     }
 

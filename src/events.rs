@@ -3,41 +3,50 @@
 //!
 //! **Who announces.** A waiter that finds a key held marks the holder's value (a leading `!`,
 //! see `value.rs`), and the holder's release announces exactly the marked keys, each on its
-//! release channel, with a payload naming the release. An uncontended release announces
-//! nothing and costs nothing.
+//! release channel. An uncontended release announces nothing and costs nothing.
 //!
 //! **Listening.** A waiter registers interest in the channel of the key it waits for, then
 //! makes sure the server has the subscription, for no longer than it would have slept anyway:
-//! a stuck connection degrades waiters to polling, never to hanging. Each channel serialises
-//! its own SUBSCRIBE/UNSUBSCRIBE, so one slow channel holds up no other. Channels nobody
-//! waits for are unsubscribed in batches after a short idle time, so that a lock handed from
-//! waiter to waiter does not subscribe and unsubscribe on every hand-over.
+//! a stuck connection degrades waiters to polling, never to hanging. Subscribing runs in a
+//! task of its own per channel, so one slow channel holds up no other, and a waiter that
+//! stops waiting leaves it to finish for the next. Channels nobody waits for are unsubscribed
+//! in batches after a short idle time, so that a lock handed from waiter to waiter does not
+//! subscribe and unsubscribe on every hand-over.
 //!
 //! **Dispatch.** Messages arrive through redis-rs's RESP3 push sender and are handled inline,
 //! in constant time, without awaiting anything: a message for a channel nobody waits on is
 //! dropped, any other wakes **one** waiter of this client (`Notify::notify_one`), since the
-//! lock can go to only one of them. There is no queue of ours that could back up.
+//! lock can go to only one of them. A woken waiter that does not take the lock because it
+//! leaves (another key of its set is held, its deadline passed, it was cancelled) passes the
+//! wake-up on to the next waiter. (redis-rs's connection manager forwards pushes through an
+//! internal channel and a task that does nothing else, before they reach the dispatcher.)
 //!
 //! **Hand-over.** A release by this very client wakes one local waiter as soon as the release
-//! is queued on the connection (its obtain then runs right behind the release), and records
-//! the release's payload: the announcement that then arrives for exactly that release is
-//! skipped, so one release wakes one waiter. A release that deleted nothing announces
-//! nothing and its record is withdrawn; records that are never matched expire.
+//! is queued on the connection (its obtain then runs right behind the release), and names
+//! the release in its announcement's payload: the announcement of exactly that release is
+//! then skipped, so one release wakes one waiter. A release that deleted nothing announces
+//! nothing, and its record is withdrawn; records never matched expire.
 //!
-//! **Faults.** redis-rs reconnects and resubscribes by itself. A disconnection wakes one
-//! waiter per channel at once, and so does the confirmation of each resubscription: a
-//! release may have been announced while nobody listened. A channel the server drops (its
-//! cluster slot moved) is marked unsubscribed and a waiter woken, which subscribes again.
-//! After repeated failures the connection is replaced.
+//! **A quorum** listens on every master with listeners of its own (one per master), which
+//! share a record of the releases they heard: the same release announced by several masters
+//! wakes one waiter, not one per master.
+//!
+//! **Faults.** redis-rs reconnects and resubscribes by itself. A disconnection marks every
+//! channel unsubscribed and wakes one waiter per channel; waiters then subscribe again (which
+//! also reconnects a connection redis-rs gave up on), and each resubscription wakes one more
+//! waiter per channel: a release may have been announced while nobody listened. A channel the
+//! server drops (its cluster slot moved) is handled the same way. A connection that fails
+//! subscriptions or pings repeatedly is replaced; a server that refuses subscriptions (a user
+//! without channel rights) is asked again only after a pause.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use rand::Rng as _;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{PushInfo, PushKind, RedisResult, Value};
+use redis::{PushInfo, PushKind, RedisError, RedisResult, Value};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -45,16 +54,33 @@ use tokio::time::Instant;
 const IDLE: Duration = Duration::from_secs(1);
 /// How often idle channels are looked for.
 const SWEEP: Duration = Duration::from_millis(500);
-/// How long a local hand-over waits for its announcement before forgetting it.
-const EXPECTED_FOR: Duration = Duration::from_secs(10);
-/// Failed subscriptions in a row after which the connection is replaced.
+/// How often the connection is pinged while somebody waits (a half-open connection shows).
+const PING_EVERY: Duration = Duration::from_secs(5);
+/// How long a release's payload is remembered (local hand-overs, a quorum's dedupe).
+const REMEMBER_FOR: Duration = Duration::from_secs(10);
+/// Most payloads a quorum's listeners remember.
+const REMEMBER_AT_MOST: usize = 4096;
+/// Connection failures in a row after which the connection is replaced.
 const FAILURES_BEFORE_RECONNECT: u32 = 2;
+/// A server that refused a subscription is asked again after this pause.
+const REFUSED_PAUSE: Duration = Duration::from_secs(30);
+/// A waiter whose subscription failed tries again after this pause (within its bound).
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
 /// Most channels unsubscribed by one command.
 const UNSUBSCRIBE_BATCH: usize = 256;
 /// Time limits of the pub/sub connection's own requests.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The release events of one client (shared by its clones).
+/// A payload naming one release, unique within this process and across processes (a random
+/// prefix per process).
+pub(crate) fn release_payload() -> String {
+    static PREFIX: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| rand::rng().next_u64());
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{:016x}{n:x}", *PREFIX)
+}
+
+/// The release events of one client (shared by its clones), from one server.
 #[derive(Clone)]
 pub(crate) struct Events {
     inner: Arc<Inner>,
@@ -62,32 +88,44 @@ pub(crate) struct Events {
 
 struct Inner {
     source: Source,
-    listener: Mutex<Option<Arc<Listener>>>,
-    /// Subscriptions that failed in a row.
+    listener: Mutex<Option<Listener>>,
+    /// Bumped whenever the listener is replaced: confirmations from an older one are void.
+    generation: AtomicU64,
+    /// Connection failures in a row.
     failures: AtomicU32,
+    /// Until when subscribing is not tried again, after the server refused it.
+    refused_until: Mutex<Option<Instant>>,
+    sweeper: AtomicBool,
     channels: Mutex<HashMap<String, Channel>>,
     /// How many channels have waiters, readable without the lock on every release.
     watched: AtomicUsize,
-    /// Payloads of this client's announcements: a random prefix and a counter.
-    id: u64,
-    next: AtomicU64,
+    /// Releases already heard by a sibling listener (the masters of one quorum).
+    heard: Option<Arc<Heard>>,
 }
 
 /// Where to open the pub/sub connection.
+#[derive(Clone)]
 enum Source {
     Server(redis::Client),
     #[cfg(feature = "cluster")]
     Cluster(Vec<redis::ConnectionInfo>),
 }
 
-/// The pub/sub connection.
-enum Listener {
+/// The pub/sub connection, and the generation it belongs to.
+#[derive(Clone)]
+struct Listener {
+    conn: Conn,
+    generation: u64,
+}
+
+#[derive(Clone)]
+enum Conn {
     Server(ConnectionManager),
     #[cfg(feature = "cluster")]
     Cluster {
         conn: redis::cluster_async::ClusterConnection,
         /// Sharded pub/sub (Redis 7); plain pub/sub before.
-        sharded: AtomicBool,
+        sharded: Arc<AtomicBool>,
     },
 }
 
@@ -107,7 +145,8 @@ struct Channel {
 /// Whether the server has a channel's subscription; `op` serialises changing it.
 struct ChannelState {
     op: Arc<tokio::sync::Mutex<()>>,
-    subscribed: watch::Sender<bool>,
+    /// The generation of the listener that has the subscription, if any.
+    subscribed: watch::Sender<Option<u64>>,
     /// A task is subscribing now.
     subscribing: AtomicBool,
 }
@@ -116,7 +155,7 @@ impl Default for ChannelState {
     fn default() -> Self {
         Self {
             op: Arc::default(),
-            subscribed: watch::Sender::new(false),
+            subscribed: watch::Sender::new(None),
             subscribing: AtomicBool::new(false),
         }
     }
@@ -124,12 +163,47 @@ impl Default for ChannelState {
 
 impl ChannelState {
     fn is_subscribed(&self) -> bool {
-        *self.subscribed.borrow()
+        self.subscribed.borrow().is_some()
     }
 
-    /// Records whether the server has the subscription; returns what it was before.
-    fn set_subscribed(&self, subscribed: bool) -> bool {
-        self.subscribed.send_replace(subscribed)
+    /// Forgets the subscription; true when it was there.
+    fn unsubscribed(&self) -> bool {
+        self.subscribed.send_replace(None).is_some()
+    }
+}
+
+/// The releases that a quorum's listeners heard, so that each wakes one waiter.
+#[derive(Default)]
+pub(crate) struct Heard {
+    recent: Mutex<(
+        HashMap<(String, Box<[u8]>), Instant>,
+        VecDeque<(String, Box<[u8]>)>,
+    )>,
+}
+
+impl Heard {
+    /// True the first time `payload` is heard on `channel` (recently).
+    fn first(&self, channel: &str, payload: &[u8]) -> bool {
+        let mut recent = lock(&self.recent);
+        let (seen, order) = &mut *recent;
+        while let Some(oldest) = order.front() {
+            let stale = seen
+                .get(oldest)
+                .is_none_or(|at| at.elapsed() >= REMEMBER_FOR);
+            if !stale && order.len() < REMEMBER_AT_MOST {
+                break;
+            }
+            if let Some(oldest) = order.pop_front() {
+                seen.remove(&oldest);
+            }
+        }
+        let key = (channel.to_owned(), Box::<[u8]>::from(payload));
+        if seen.contains_key(&key) {
+            return false;
+        }
+        seen.insert(key.clone(), Instant::now());
+        order.push_back(key);
+        true
     }
 }
 
@@ -137,25 +211,37 @@ impl Events {
     /// Release events over a pub/sub connection to the server behind `client` (RESP3),
     /// opened when the first waiter listens.
     pub(crate) fn new(client: redis::Client) -> Self {
-        Self::with_source(Source::Server(client))
+        Self::with_source(Source::Server(client), None)
     }
 
     /// Release events over sharded pub/sub on the cluster behind `nodes` (RESP3).
     #[cfg(feature = "cluster")]
     pub(crate) fn cluster(nodes: Vec<redis::ConnectionInfo>) -> Self {
-        Self::with_source(Source::Cluster(nodes))
+        Self::with_source(Source::Cluster(nodes), None)
     }
 
-    fn with_source(source: Source) -> Self {
+    /// Listeners of their own for a quorum, one per master like these, that count a release
+    /// announced by several masters once.
+    pub(crate) fn for_quorum(masters: &[Self]) -> Vec<Self> {
+        let heard = Arc::new(Heard::default());
+        masters
+            .iter()
+            .map(|master| Self::with_source(master.inner.source.clone(), Some(heard.clone())))
+            .collect()
+    }
+
+    fn with_source(source: Source, heard: Option<Arc<Heard>>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 source,
                 listener: Mutex::new(None),
+                generation: AtomicU64::new(0),
                 failures: AtomicU32::new(0),
+                refused_until: Mutex::new(None),
+                sweeper: AtomicBool::new(false),
                 channels: Mutex::default(),
                 watched: AtomicUsize::new(0),
-                id: rand::rng().next_u64(),
-                next: AtomicU64::new(0),
+                heard,
             }),
         }
     }
@@ -175,25 +261,21 @@ impl Events {
             });
         entry.waiters += 1;
         entry.idle_since = None;
-        let subscription = Subscription {
+        if entry.waiters == 1 {
+            self.inner.watched.fetch_add(1, Ordering::Relaxed);
+        }
+        Subscription {
             events: self.clone(),
             channel: channel.to_owned(),
             notify: entry.notify.clone(),
             state: entry.state.clone(),
-        };
-        self.inner.update_watched(&channels);
-        subscription
+            woken: AtomicBool::new(false),
+        }
     }
 
     /// How many channels have waiters now.
     pub(crate) fn channels(&self) -> usize {
         self.inner.watched.load(Ordering::Relaxed)
-    }
-
-    /// A payload naming one release by this client.
-    pub(crate) fn payload(&self) -> String {
-        let n = self.inner.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:016x}{n:x}", self.inner.id)
     }
 
     /// Wakes one local waiter of `channel` for a release by this client that will be
@@ -204,6 +286,9 @@ impl Events {
         let Some(entry) = channels.get_mut(channel).filter(|e| e.waiters > 0) else {
             return false;
         };
+        entry
+            .expected
+            .retain(|(_, since)| since.elapsed() < REMEMBER_FOR);
         entry
             .expected
             .push((payload.as_bytes().into(), Instant::now()));
@@ -219,66 +304,99 @@ impl Events {
     }
 
     /// The pub/sub connection, opened (and the sweeper started) on first use.
-    async fn listener(&self) -> RedisResult<Arc<Listener>> {
+    async fn listener(&self) -> RedisResult<Listener> {
         if let Some(listener) = lock(&self.inner.listener).clone() {
             return Ok(listener);
         }
-        let listener = Arc::new(self.inner.connect(Arc::downgrade(&self.inner)).await?);
-        let mut slot = lock(&self.inner.listener);
-        if let Some(other) = slot.clone() {
-            // Another waiter was faster; use its connection.
-            return Ok(other);
+        let generation = self.inner.generation.load(Ordering::Acquire);
+        let conn = self.inner.connect(Arc::downgrade(&self.inner)).await?;
+        let listener = {
+            let mut slot = lock(&self.inner.listener);
+            match &*slot {
+                // Another waiter was faster; use its connection.
+                Some(other) => other.clone(),
+                None => slot.insert(Listener { conn, generation }).clone(),
+            }
+        };
+        if !self.inner.sweeper.swap(true, Ordering::AcqRel) {
+            tokio::spawn(sweeper(Arc::downgrade(&self.inner)));
         }
-        *slot = Some(listener.clone());
-        tokio::spawn(sweeper(Arc::downgrade(&self.inner)));
         Ok(listener)
     }
 
     /// Subscribes to `channel` unless the server has it, within the connection's own time
-    /// limits; counts failures.
+    /// limits.
     async fn subscribe_now(&self, channel: &str, state: &ChannelState) {
+        if self.inner.refused() {
+            return;
+        }
         let subscribed = async {
             let listener = self.listener().await?;
             let _op = state.op.lock().await;
             if !state.is_subscribed() {
-                listener.subscribe(channel).await?;
-                state.set_subscribed(true);
+                listener.conn.subscribe(channel).await?;
+                // A subscription made on a replaced connection is void.
+                if self.inner.generation.load(Ordering::Acquire) == listener.generation {
+                    state.subscribed.send_replace(Some(listener.generation));
+                }
             }
             RedisResult::Ok(())
         };
         match subscribed.await {
             Ok(()) => self.inner.failures.store(0, Ordering::Relaxed),
-            Err(err) => {
-                tracing::debug!(%err, "release-event subscription failed; waiters poll meanwhile");
-                self.failed();
-            }
-        }
-    }
-
-    /// A subscription failed: after a few in a row, replace the connection (it may be
-    /// half-open) and forget every subscription it had.
-    fn failed(&self) {
-        let failures = self.inner.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures < FAILURES_BEFORE_RECONNECT {
-            return;
-        }
-        tracing::warn!("release-event connection keeps failing; opening a new one");
-        self.inner.failures.store(0, Ordering::Relaxed);
-        lock(&self.inner.listener).take();
-        for entry in lock(&self.inner.channels).values_mut() {
-            entry.state.set_subscribed(false);
+            Err(err) => self.inner.failed(&err),
         }
     }
 }
 
 impl Inner {
-    fn update_watched(&self, channels: &HashMap<String, Channel>) {
-        let watched = channels.values().filter(|c| c.waiters > 0).count();
-        self.watched.store(watched, Ordering::Relaxed);
+    /// Whether subscribing is paused after the server refused it.
+    fn refused(&self) -> bool {
+        lock(&self.refused_until).is_some_and(|until| Instant::now() < until)
+    }
+
+    /// A request on the pub/sub connection failed. A refusal by the server pauses
+    /// subscribing; connection failures, a few in a row, replace the connection.
+    fn failed(&self, err: &RedisError) {
+        if matches!(err.kind(), redis::ErrorKind::Server(_)) {
+            let mut until = lock(&self.refused_until);
+            if until.is_none() {
+                tracing::warn!(%err, "the server refuses release-event subscriptions; waiters poll");
+            }
+            *until = Some(Instant::now() + REFUSED_PAUSE);
+            return;
+        }
+        tracing::debug!(%err, "release-event connection failed; waiters poll meanwhile");
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= FAILURES_BEFORE_RECONNECT {
+            tracing::warn!("release-event connection keeps failing; opening a new one");
+            self.replace_listener();
+        }
+    }
+
+    /// Drops the connection (it may be half-open): every subscription is gone, and one
+    /// waiter per channel is woken to subscribe again.
+    fn replace_listener(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        lock(&self.listener).take();
+        self.lapse_all();
+    }
+
+    /// The server lost every subscription: mark them gone, wake one waiter per channel now,
+    /// and another once its subscription is back.
+    fn lapse_all(&self) {
+        for entry in lock(&self.channels).values_mut() {
+            entry.state.unsubscribed();
+            entry.lapsed = true;
+            if entry.waiters > 0 {
+                entry.notify.notify_one();
+            }
+        }
     }
 
     /// Opens the pub/sub connection, with pushes handled by [`Inner::on_push`].
-    async fn connect(&self, me: Weak<Self>) -> RedisResult<Listener> {
+    async fn connect(&self, me: Weak<Self>) -> RedisResult<Conn> {
         let on_push = move |push: PushInfo| match me.upgrade() {
             Some(inner) => {
                 inner.on_push(push);
@@ -302,7 +420,7 @@ impl Inner {
                     .set_max_delay(REQUEST_TIMEOUT);
                 // Connects on the first request, within its caller's time limit.
                 let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-                Ok(Listener::Server(conn))
+                Ok(Conn::Server(conn))
             }
             #[cfg(feature = "cluster")]
             Source::Cluster(nodes) => {
@@ -314,9 +432,9 @@ impl Inner {
                     .build()?
                     .get_async_connection()
                     .await?;
-                Ok(Listener::Cluster {
+                Ok(Conn::Cluster {
                     conn,
-                    sharded: AtomicBool::new(true),
+                    sharded: Arc::new(AtomicBool::new(true)),
                 })
             }
         }
@@ -331,63 +449,65 @@ impl Inner {
                 self.announced(channel, payload);
             }
             (PushKind::Subscribe | PushKind::SSubscribe, Some(channel)) => {
-                self.with_channel(channel, |entry| {
-                    if std::mem::take(&mut entry.lapsed) {
+                let generation = self.generation.load(Ordering::Acquire);
+                self.with_channel(channel, |_, entry| {
+                    entry.state.subscribed.send_replace(Some(generation));
+                    if std::mem::take(&mut entry.lapsed) && entry.waiters > 0 {
                         entry.notify.notify_one();
                     }
                 });
             }
-            // Our own unsubscribes clear `subscribed` before they are sent; any other comes
-            // from the server (a cluster slot moved away).
+            // Our own unsubscribes forget the subscription before they are sent; any other
+            // comes from the server (a cluster slot moved away).
             (PushKind::Unsubscribe | PushKind::SUnsubscribe, Some(channel)) => {
-                self.with_channel(channel, |entry| {
-                    if entry.state.set_subscribed(false) {
+                self.with_channel(channel, |_, entry| {
+                    if entry.state.unsubscribed() && entry.waiters > 0 {
+                        entry.lapsed = true;
                         entry.notify.notify_one();
                     }
                 });
             }
-            (PushKind::Disconnection, _) => {
-                for entry in lock(&self.channels).values_mut() {
-                    entry.lapsed = true;
-                    if entry.waiters > 0 {
-                        entry.notify.notify_one();
-                    }
-                }
-            }
+            (PushKind::Disconnection, _) => self.lapse_all(),
             _ => {}
         }
     }
 
     /// A release was announced on `channel`: wake one waiter, unless the release was handed
-    /// over here already.
+    /// over here already, or heard from another master of the quorum.
     fn announced(&self, channel: &[u8], payload: &[u8]) {
-        self.with_channel(channel, |entry| {
+        self.with_channel(channel, |name, entry| {
             if entry.waiters == 0 {
                 return;
             }
             entry
                 .expected
-                .retain(|(_, since)| since.elapsed() < EXPECTED_FOR);
-            match entry.expected.iter().position(|(p, _)| &**p == payload) {
-                Some(handed_over) => {
-                    entry.expected.swap_remove(handed_over);
-                }
-                None => entry.notify.notify_one(),
+                .retain(|(_, since)| since.elapsed() < REMEMBER_FOR);
+            if let Some(handed_over) = entry.expected.iter().position(|(p, _)| &**p == payload) {
+                entry.expected.swap_remove(handed_over);
+                return;
+            }
+            let first = payload.is_empty()
+                || self
+                    .heard
+                    .as_ref()
+                    .is_none_or(|heard| heard.first(name, payload));
+            if first {
+                entry.notify.notify_one();
             }
         });
     }
 
-    fn with_channel(&self, channel: &[u8], f: impl FnOnce(&mut Channel)) {
+    fn with_channel(&self, channel: &[u8], f: impl FnOnce(&str, &mut Channel)) {
         let Ok(channel) = std::str::from_utf8(channel) else {
             return;
         };
         if let Some(entry) = lock(&self.channels).get_mut(channel) {
-            f(entry);
+            f(channel, entry);
         }
     }
 }
 
-impl Listener {
+impl Conn {
     async fn subscribe(&self, channel: &str) -> RedisResult<()> {
         match self {
             Self::Server(conn) => conn.clone().subscribe(channel).await,
@@ -408,22 +528,34 @@ impl Listener {
         }
     }
 
+    /// Unsubscribes `channels`, each attempted even when another fails.
     async fn unsubscribe(&self, channels: &[String]) -> RedisResult<()> {
         match self {
             Self::Server(conn) => conn.clone().unsubscribe(channels).await,
             #[cfg(feature = "cluster")]
             Self::Cluster { conn, sharded } => {
                 let mut conn = conn.clone();
-                if sharded.load(Ordering::Relaxed) {
-                    // Sharded channels live on their slots' shards: one command each.
-                    for channel in channels {
-                        conn.sunsubscribe(channel).await?;
-                    }
-                    Ok(())
-                } else {
-                    conn.unsubscribe(channels).await
+                if !sharded.load(Ordering::Relaxed) {
+                    return conn.unsubscribe(channels).await;
                 }
+                // Sharded channels live on their slots' shards: one command each.
+                let mut outcome = Ok(());
+                for channel in channels {
+                    if let Err(err) = conn.sunsubscribe(channel).await {
+                        outcome = Err(err);
+                    }
+                }
+                outcome
             }
+        }
+    }
+
+    async fn ping(&self) -> RedisResult<()> {
+        let ping = redis::cmd("PING");
+        match self {
+            Self::Server(conn) => ping.exec_async(&mut conn.clone()).await,
+            #[cfg(feature = "cluster")]
+            Self::Cluster { conn, .. } => ping.exec_async(&mut conn.clone()).await,
         }
     }
 }
@@ -434,6 +566,8 @@ pub(crate) struct Subscription {
     channel: String,
     notify: Arc<Notify>,
     state: Arc<ChannelState>,
+    /// This waiter was woken and has not used the wake-up yet.
+    woken: AtomicBool,
 }
 
 impl Subscription {
@@ -441,6 +575,12 @@ impl Subscription {
     /// or when a lost subscription may have missed one.
     pub(crate) async fn released(&self) {
         self.notify.notified().await;
+        self.woken.store(true, Ordering::Relaxed);
+    }
+
+    /// The waiter used its wake-up: it obtained the lock, or found it taken and waits again.
+    pub(crate) fn used(&self) {
+        self.woken.store(false, Ordering::Relaxed);
     }
 
     /// The channel this subscription listens on.
@@ -454,96 +594,122 @@ impl Subscription {
     }
 
     /// Makes sure the server gets the subscription, and waits for it no later than `until`
-    /// (without `until`, as long as the connection's own time limits allow); true once it
-    /// has it. The subscribing itself runs in a task of its own, so a waiter that stops
-    /// waiting leaves it to finish for the next one.
+    /// (without `until`, for as long as a subscription takes); true once it has it. The
+    /// subscribing runs in a task of its own, so a waiter that stops waiting leaves it to
+    /// finish for the next one; one that failed is tried again while time remains.
     pub(crate) async fn confirm(&self, until: Option<Instant>) -> bool {
-        if self.is_live() {
-            return true;
-        }
-        if !self.state.subscribing.swap(true, Ordering::AcqRel) {
-            let (events, channel, state) = (
-                self.events.clone(),
-                self.channel.clone(),
-                self.state.clone(),
-            );
-            tokio::spawn(async move {
-                events.subscribe_now(&channel, &state).await;
-                state.subscribing.store(false, Ordering::Release);
-            });
-        }
-        let mut subscribed = self.state.subscribed.subscribe();
-        let confirmed = subscribed.wait_for(|subscribed| *subscribed);
+        let confirmed = async {
+            let mut subscribed = self.state.subscribed.subscribe();
+            loop {
+                if subscribed.borrow_and_update().is_some() {
+                    return;
+                }
+                self.start_subscribing();
+                tokio::select! {
+                    _ = subscribed.changed() => {}
+                    () = tokio::time::sleep(RETRY_PAUSE) => {}
+                }
+            }
+        };
         match until {
-            Some(until) => matches!(tokio::time::timeout_at(until, confirmed).await, Ok(Ok(_))),
-            None => confirmed.await.is_ok(),
+            Some(until) => tokio::time::timeout_at(until, confirmed).await.is_ok(),
+            None => tokio::time::timeout(REQUEST_TIMEOUT * 2, confirmed)
+                .await
+                .is_ok(),
         }
+    }
+
+    /// Starts a task that subscribes, unless one is running.
+    fn start_subscribing(&self) {
+        if self.state.subscribing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (events, channel, state) = (
+            self.events.clone(),
+            self.channel.clone(),
+            self.state.clone(),
+        );
+        tokio::spawn(async move {
+            events.subscribe_now(&channel, &state).await;
+            state.subscribing.store(false, Ordering::Release);
+        });
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut channels = lock(&self.events.inner.channels);
-        if let Some(entry) = channels.get_mut(&self.channel) {
-            entry.waiters -= 1;
-            if entry.waiters == 0 {
-                entry.idle_since = Some(Instant::now());
-                entry.expected.clear();
-            }
+        let inner = &self.events.inner;
+        let mut channels = lock(&inner.channels);
+        let Some(entry) = channels.get_mut(&self.channel) else {
+            return;
+        };
+        entry.waiters -= 1;
+        if entry.waiters == 0 {
+            entry.idle_since = Some(Instant::now());
+            entry.expected.clear();
+            inner.watched.fetch_sub(1, Ordering::Relaxed);
+        } else if *self.woken.get_mut() {
+            // Leaving without the lock: the next waiter gets the wake-up.
+            entry.notify.notify_one();
         }
-        self.events.inner.update_watched(&channels);
     }
 }
 
-/// Unsubscribes channels that nobody waited for during [`IDLE`], in batches, until the
-/// client is gone.
+/// Unsubscribes channels that nobody waited for during [`IDLE`], in batches, and pings the
+/// connection while somebody waits, until the client is gone.
 async fn sweeper(inner: Weak<Inner>) {
+    let mut last_ping = Instant::now();
     loop {
         tokio::time::sleep(SWEEP).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };
         sweep(&inner).await;
+        if last_ping.elapsed() >= PING_EVERY && inner.watched.load(Ordering::Relaxed) > 0 {
+            last_ping = Instant::now();
+            let listener = lock(&inner.listener).clone();
+            if let Some(listener) = listener
+                && let Err(err) = listener.conn.ping().await
+            {
+                inner.failed(&err);
+            }
+        }
     }
 }
 
 async fn sweep(inner: &Inner) {
     // Take each idle channel's operation lock (skipping busy ones), so that no SUBSCRIBE of
-    // the same channel can overtake the UNSUBSCRIBE.
-    let idle: Vec<(String, tokio::sync::OwnedMutexGuard<()>, Arc<ChannelState>)> = {
+    // the same channel can overtake the UNSUBSCRIBE, and forget the subscription under the
+    // channels' lock, so that no new waiter takes it for live in between.
+    let idle: Vec<(String, tokio::sync::OwnedMutexGuard<()>)> = {
         let channels = lock(&inner.channels);
         channels
             .iter()
             .filter(|(_, c)| c.waiters == 0 && c.idle_since.is_some_and(|t| t.elapsed() >= IDLE))
             .filter_map(|(name, c)| {
                 let guard = c.state.op.clone().try_lock_owned().ok()?;
-                Some((name.clone(), guard, c.state.clone()))
+                // Also channels not known to be subscribed: a SUBSCRIBE whose confirmation
+                // came too late for its waiter may still have reached the server.
+                c.state.unsubscribed();
+                Some((name.clone(), guard))
             })
             .collect()
     };
     if idle.is_empty() {
         return;
     }
-    // Also channels not known to be subscribed: a SUBSCRIBE whose confirmation came too late
-    // for its waiter may still have reached the server.
-    let subscribed: Vec<String> = idle
-        .iter()
-        .map(|(name, _, state)| {
-            state.set_subscribed(false);
-            name.clone()
-        })
-        .collect();
     let listener = lock(&inner.listener).clone();
     if let Some(listener) = listener {
+        let names: Vec<String> = idle.iter().map(|(name, _)| name.clone()).collect();
         // Bounded batches: one command and its confirmations never hold the server long.
-        for batch in subscribed.chunks(UNSUBSCRIBE_BATCH) {
-            if let Err(err) = listener.unsubscribe(batch).await {
+        for batch in names.chunks(UNSUBSCRIBE_BATCH) {
+            if let Err(err) = listener.conn.unsubscribe(batch).await {
                 tracing::debug!(%err, "unsubscribing idle release channels failed");
             }
         }
     }
     let mut channels = lock(&inner.channels);
-    for (name, _guard, _) in &idle {
+    for (name, _guard) in &idle {
         if channels.get(name).is_some_and(|c| c.waiters == 0) {
             channels.remove(name);
         }
@@ -559,7 +725,7 @@ fn bytes(value: &Value) -> Option<&[u8]> {
 }
 
 #[cfg(feature = "cluster")]
-fn is_unknown_command(err: &redis::RedisError) -> bool {
+fn is_unknown_command(err: &RedisError) -> bool {
     err.to_string()
         .to_ascii_lowercase()
         .contains("unknown command")

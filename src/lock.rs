@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::events::after_queueing;
+use crate::events::{after_queueing, release_payload};
 use crate::guard::Guard;
 use crate::options::Options;
 use crate::policy::{self, Step, Waiter};
@@ -355,12 +355,13 @@ where
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, self.ttl);
         let events = self.client.events();
-        // A payload names the release only when a local waiter is handed the lock, so that
-        // its announcement can be skipped.
-        let payload = match events {
-            _ if !self.client.announces() => None,
-            [events] if events.channels() > 0 => Some(events.payload()),
-            _ => Some(String::new()),
+        // A payload names the release when a local waiter is handed the lock (its
+        // announcement is then skipped), and on a quorum (whose masters each announce it).
+        let named = self.client.backend().is_quorum() || events.iter().any(|e| e.channels() > 0);
+        let payload = match () {
+            () if !self.client.announces() => None,
+            () if named => Some(release_payload()),
+            () => Some(String::new()),
         };
         let release = self.client.backend().release(&claim, payload.as_deref());
         let released = match (events, &payload) {

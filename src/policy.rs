@@ -105,13 +105,28 @@ impl<'a> Waiter<'a> {
             return false;
         }
         if !same {
-            // Leave the old channel first, so that it never lingers.
+            // Leave the old channel first, so that it never lingers (a wake-up this waiter
+            // did not use is passed on as it leaves).
             self.listening.clear();
             self.listening = self.events.iter().map(|e| e.subscribe(channel)).collect();
         }
-        let confirmations = self.listening.iter().map(|s| s.confirm(until));
-        let confirmed = futures_util::future::join_all(confirmations).await;
-        confirmed.contains(&true)
+        // Listening on one server is enough to be woken; the others keep subscribing in the
+        // background (a master that is down must not hold up the waiter).
+        let mut confirmations: futures_util::stream::FuturesUnordered<_> =
+            self.listening.iter().map(|s| s.confirm(until)).collect();
+        while let Some(confirmed) = futures_util::StreamExt::next(&mut confirmations).await {
+            if confirmed {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The waiter used its wake-ups: it obtained the lock, or waits on for the same key.
+    fn used(&self) {
+        for subscription in &self.listening {
+            subscription.used();
+        }
     }
 
     /// Waits until `until` (forever when `None`) or a release event; true when woken by
@@ -172,7 +187,10 @@ where
             mark_holder: waiter.marking(),
         };
         let (failure, held) = match attempt(how).await {
-            Step::Done(value) => return Ok(value),
+            Step::Done(value) => {
+                waiter.used();
+                return Ok(value);
+            }
             Step::Stop(err) => return Err(err),
             Step::Again(err) => (err, None),
             Step::Held(held) => (Error::NotObtained, Some(held)),
@@ -198,10 +216,16 @@ where
             && waiter.listen_to(held.key, until).await
             && !rechecked
         {
+            if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+                return Err(at_deadline(failure));
+            }
             rechecked = true;
             continue;
         }
         rechecked = false;
+        // Waiting on, still for this key (or another, whose subscription took over): any
+        // wake-up so far was used by the attempt that just failed.
+        waiter.used();
         let listening = waiter.listening();
         if !listening
             && wake

@@ -207,12 +207,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// Like [`Store::release`], but sends the script's source with EVAL. For clean-up after
     /// an obtain with an unknown outcome: if the server is stalled, this queues behind the
     /// obtain and must not depend on a NOSCRIPT fallback that nobody will be waiting to run.
+    /// Keys that somebody waits for are announced: the waiter marked them meanwhile.
     pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
         let done: i64 = redis::cmd("EVAL")
             .arg(scripts::RELEASE_SOURCE)
             .arg(claim.keys.len())
             .arg(claim.keys)
-            .arg(self.release_args(claim, None))
+            .arg(self.release_args(claim, Some("")))
             .query_async(&mut self.conn.clone())
             .await?;
         Ok(Holding::from_reply(done, ()))

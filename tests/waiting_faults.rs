@@ -1,0 +1,584 @@
+//! Waiting under faults and corner cases, found by trying to break the release events: every
+//! waiter polls every 15 s (or slower), so only a release event can wake it fast.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use lockset::{Client, Options, QuorumConfig, Retry};
+use support::masters::Masters;
+use support::proxy::Proxy;
+use support::{Env, RedisServer, eventually, ms};
+use tokio::time::{Instant, timeout};
+
+fn slow_polling() -> Options {
+    Options::default()
+        .retry(Retry::linear(Duration::from_secs(15)))
+        .timeout(Duration::from_secs(120))
+}
+
+const WOKEN_WITHIN: Duration = Duration::from_millis(1_500);
+
+type Waiter = tokio::task::JoinHandle<Result<lockset::Lock<ConnectionManager>, lockset::Error>>;
+
+async fn woken(waiter: Waiter, what: &str) -> lockset::Lock<ConnectionManager> {
+    let released = Instant::now();
+    let lock = timeout(Duration::from_secs(90), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: never woken"))
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(took < WOKEN_WITHIN, "{what}: woken only after {took:?}");
+    lock
+}
+
+async fn client_with_events_via(
+    server: &RedisServer,
+    events_url: &str,
+) -> Client<ConnectionManager> {
+    let direct = lockset::redis::Client::open(server.url()).unwrap();
+    let conn = ConnectionManager::new(direct).await.unwrap();
+    let events = lockset::redis::Client::open(events_url).unwrap();
+    Client::new(conn).with_release_events(events).unwrap()
+}
+
+async fn marked(env: &Env, key: &str) -> bool {
+    env.get(key).await.is_some_and(|v| v.starts_with('!'))
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. notify_one hands the only wake-up to a waiter that then does not take the key.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_that_leaves_for_another_key_passes_its_wake_up_on() {
+    let env = Env::start().await;
+    let other = env.other_client().await;
+    let held_a = other
+        .obtain("{x}:a", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let _held_j = other
+        .obtain("{x}:j", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    // W1 (first in the Notify's queue) wants {x}:a and {x}:j; it blocks on {x}:a.
+    let w1 = tokio::spawn({
+        let c = env.client.clone();
+        async move {
+            c.obtain_multi(["{x}:a", "{x}:j"], ms(60_000), &slow_polling())
+                .await
+        }
+    });
+    eventually(ms(10_000), "w1 listening", async || {
+        env.client.release_channels_watched() == 1 && marked(&env, "{x}:a").await
+    })
+    .await;
+    tokio::time::sleep(ms(300)).await;
+    // W2, same client, wants only {x}:a.
+    let w2: Waiter = tokio::spawn({
+        let c = env.client.clone();
+        async move { c.obtain("{x}:a", ms(60_000), &slow_polling()).await }
+    });
+    tokio::time::sleep(ms(1_000)).await;
+    held_a.release().await.unwrap();
+    // {x}:a is free and W2 listens on its channel: W2 must get it at once.
+    woken(w2, "single-key waiter after its key was released").await;
+    w1.abort();
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Redlock: one release is announced by every master, each master's Events wakes one
+//    waiter of the same client: a herd of up to N per release.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_redlock_release_wakes_one_waiter_of_a_client_not_one_per_master() {
+    const WAITERS: usize = 5;
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(300))).await;
+    let mut holders = Vec::new();
+    for s in &m.servers {
+        holders.push(Client::connect(&s.url()).await.unwrap());
+    }
+    let holder = Client::quorum(holders, QuorumConfig::default().node_timeout(ms(300))).unwrap();
+    let held = holder
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..WAITERS {
+        let r = m.redlock.clone();
+        waiters.push(tokio::spawn(async move {
+            r.obtain("job", ms(60_000), &slow_polling()).await
+        }));
+    }
+    eventually(ms(10_000), "marked everywhere", async || {
+        let mut n = 0;
+        for i in 0..5 {
+            n += usize::from(m.get(i, "job").await.is_some_and(|v| v.starts_with('!')));
+        }
+        n == 5
+    })
+    .await;
+    tokio::time::sleep(ms(2_000)).await; // every waiter is asleep now
+    let sets = |i: usize| {
+        let m = &m;
+        async move {
+            let info: String = m.cmd(i, &["INFO", "commandstats"]).await;
+            info.lines()
+                .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+                .and_then(|r| r.split(',').next())
+                .map_or(0u64, |n| n.parse().unwrap())
+        }
+    };
+    let before = sets(0).await;
+    held.release().await.unwrap();
+    tokio::time::sleep(ms(1_500)).await;
+    let attempts = sets(0).await - before;
+    for w in waiters {
+        w.abort();
+    }
+    assert_eq!(
+        attempts, 1,
+        "one release woke {attempts} waiters of one client"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Redlock with one master down (which Redlock is meant to tolerate): the waiter's
+//    confirmation waits for that master's subscription for its whole polling interval.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_waiter_is_woken_although_one_master_is_down() {
+    let mut m = Masters::start(QuorumConfig::default().node_timeout(ms(300))).await;
+    m.servers[4].stop();
+    let held = m
+        .redlock
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter: Waiter = tokio::spawn({
+        let r = m.redlock.clone();
+        async move { r.obtain("job", ms(60_000), &slow_polling()).await }
+    });
+    eventually(ms(10_000), "a majority marked", async || {
+        let mut marked = 0;
+        for i in 0..4 {
+            marked += usize::from(m.get(i, "job").await.is_some_and(|v| v.starts_with('!')));
+        }
+        marked >= 3
+    })
+    .await;
+    held.release().await.unwrap();
+    woken(waiter, "redlock waiter with 4 of 5 masters up").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. Two failed subscriptions (here: two SUBSCRIBEs that time out during a 3 s slowdown)
+//    replace the pub/sub connection, dropping every healthy subscription without waking
+//    anybody: a waiter that was listening fine misses the next release.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replacing_the_listener_does_not_deafen_waiters_that_were_listening() {
+    let env = Env::start().await;
+    let proxy = Proxy::start(env.server.port()).await;
+    let client = client_with_events_via(&env.server, &proxy.url()).await;
+    let other = env.other_client().await;
+    let held = other
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let _x = other
+        .obtain("x", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let _y = other
+        .obtain("y", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let w1: Waiter = tokio::spawn({
+        let c = client.clone();
+        async move { c.obtain("job", ms(60_000), &slow_polling()).await }
+    });
+    eventually(ms(10_000), "w1 listening", async || {
+        client.release_channels_watched() == 1 && marked(&env, "job").await
+    })
+    .await;
+    // A 3 s slowdown of the pub/sub connection while two other waiters subscribe.
+    proxy.set_latency(ms(3_000));
+    let short = Options::default()
+        .retry(Retry::linear(ms(15_000)))
+        .timeout(ms(4_000));
+    let wx = tokio::spawn({
+        let (c, o) = (client.clone(), short.clone());
+        async move { c.obtain("x", ms(1_000), &o).await }
+    });
+    // (CONTROL=1: only one failed subscription, so no replacement: then w1 is woken.)
+    let key_y = if std::env::var("CONTROL").is_ok() {
+        "x"
+    } else {
+        "y"
+    };
+    let wy = tokio::spawn({
+        let (c, o) = (client.clone(), short.clone());
+        async move { c.obtain(key_y, ms(1_000), &o).await }
+    });
+    let _ = wx.await;
+    let _ = wy.await;
+    proxy.set_latency(Duration::ZERO);
+    tokio::time::sleep(ms(1_000)).await;
+    held.release().await.unwrap();
+    woken(w1, "a waiter whose subscription was healthy").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Every replacement of the listener spawns one more sweeper task, which never ends.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_subscriptions_do_not_leak_sweeper_tasks() {
+    let env = Env::start().await;
+    // Redis 7's default acl-pubsub-default resetchannels: this user may not SUBSCRIBE.
+    let _: String = env
+        .cmd(&["ACL", "SETUSER", "app", "on", ">pw", "~*", "+@all"])
+        .await;
+    let url = format!("redis://app:pw@127.0.0.1:{}/", env.server.port());
+    let client = Client::connect(&url).await.unwrap();
+    let _held = env
+        .other_client()
+        .await
+        .obtain("job", ms(600_000), &Options::default())
+        .await
+        .unwrap();
+    let opts = Options::default()
+        .retry(Retry::linear(ms(20)))
+        .timeout(ms(50));
+    // Warm up: the first listener and its sweeper exist.
+    for _ in 0..4 {
+        let _ = client.obtain("job", ms(1_000), &opts).await;
+    }
+    tokio::time::sleep(ms(500)).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let connections = async || -> u64 {
+        let stats: String = env.cmd(&["INFO", "stats"]).await;
+        let line = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .unwrap();
+        line.trim().parse().unwrap()
+    };
+    let connected = connections().await;
+    for _ in 0..100 {
+        let _ = client.obtain("job", ms(1_000), &opts).await;
+    }
+    // Let any subscribing task still running finish.
+    tokio::time::sleep(ms(3_000)).await;
+    let after = metrics.num_alive_tasks();
+    assert!(
+        after <= before + 2,
+        "alive tasks grew from {before} to {after} over 100 waits"
+    );
+    let opened = connections().await - connected;
+    assert!(opened <= 2, "{opened} new connections for 100 waits");
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. The pub/sub connection is down longer than redis-rs's reconnect budget (6 retries):
+//    nothing ever reconnects it, and the channel still counts as subscribed, so after the
+//    server is reachable again the waiter never hears a release.
+// ---------------------------------------------------------------------------------------
+struct Gate {
+    port: u16,
+    open: Arc<AtomicBool>,
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+impl Gate {
+    async fn start(upstream: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let open = Arc::new(AtomicBool::new(true));
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        tokio::spawn({
+            let (open, generation) = (open.clone(), generation.clone());
+            async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    if !open.load(Ordering::SeqCst) {
+                        drop(client); // connection closed at once: the handshake fails
+                        continue;
+                    }
+                    let mut drop_all = generation.subscribe();
+                    tokio::spawn(async move {
+                        let Ok(mut server) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                        else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                            _ = drop_all.changed() => {}
+                        }
+                    });
+                }
+            }
+        });
+        Self {
+            port,
+            open,
+            generation,
+        }
+    }
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+    fn close(&self) {
+        self.open.store(false, Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+    fn open(&self) {
+        self.open.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_hear_releases_again_after_a_pub_sub_outage_longer_than_the_reconnect_budget() {
+    let env = Env::start().await;
+    let gate = Gate::start(env.server.port()).await;
+    let client = client_with_events_via(&env.server, &gate.url()).await;
+    let other = env.other_client().await;
+    let held = other
+        .obtain("job", ms(120_000), &Options::default())
+        .await
+        .unwrap();
+    let very_slow = Options::default()
+        .retry(Retry::linear(Duration::from_secs(60)))
+        .timeout(Duration::from_secs(300));
+    let w: Waiter = tokio::spawn({
+        let c = client.clone();
+        async move { c.obtain("job", ms(60_000), &very_slow).await }
+    });
+    eventually(ms(10_000), "listening", async || {
+        client.release_channels_watched() == 1 && marked(&env, "job").await
+    })
+    .await;
+    gate.close();
+    tokio::time::sleep(ms(12_000)).await; // > 6 retries with delays capped at 2 s
+    gate.open();
+    tokio::time::sleep(ms(3_000)).await; // the server is reachable again
+    held.release().await.unwrap();
+    woken(w, "after the pub/sub server became reachable again").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. A clean-up release after an obtain with an unknown outcome (release_by_eval) deletes
+//    a value a waiter marked, and announces nothing.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_up_release_of_a_marked_key_wakes_the_waiter() {
+    let env = Env::start().await;
+    let proxy = Proxy::start(env.server.port()).await;
+    let slow_conn = ConnectionManager::new_with_config(
+        lockset::redis::Client::open(proxy.url()).unwrap(),
+        ConnectionManagerConfig::new().set_response_timeout(Some(ms(500))),
+    )
+    .await
+    .unwrap();
+    let slow = Client::new(slow_conn);
+    proxy.set_latency(ms(1_000));
+    // Its SET lands at about +1 s, its reply would come at +2 s: it times out at +0.5 s and
+    // cleans up by token (the clean-up lands at about +2 s).
+    let start = Instant::now();
+    let cut = tokio::spawn(async move {
+        slow.obtain("job", ms(60_000), &Options::default().retry(Retry::NoRetry))
+            .await
+    });
+    eventually(ms(10_000), "the timed-out obtain landed", async || {
+        env.exists("job").await
+    })
+    .await;
+    let w: Waiter = tokio::spawn({
+        let c = env.client.clone();
+        async move { c.obtain("job", ms(60_000), &slow_polling()).await }
+    });
+    eventually(ms(10_000), "marked", async || marked(&env, "job").await).await;
+    println!("marked at {:?}", start.elapsed());
+    let err = cut.await.unwrap().unwrap_err();
+    println!("timed-out obtain: {err:?} at {:?}", start.elapsed());
+    eventually(ms(10_000), "cleaned up", async || {
+        !env.exists("job").await || !marked(&env, "job").await
+    })
+    .await;
+    woken(w, "after the clean-up deleted the marked key").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Redlock under contention: waiters of several clients race for a released lock; a split
+//    vote is undone with release_by_eval, which announces nothing although the losers'
+//    values were marked by the others: everybody sleeps its full polling interval.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_hand_overs_between_clients_never_stall_for_a_polling_interval() {
+    const WAITERS: usize = 6;
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(300))).await;
+    let held = m
+        .redlock
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..WAITERS {
+        let mut nodes = Vec::new();
+        for s in &m.servers {
+            nodes.push(Client::connect(&s.url()).await.unwrap());
+        }
+        let client = Client::quorum(nodes, QuorumConfig::default().node_timeout(ms(300))).unwrap();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let lock = client
+                .obtain("job", ms(60_000), &slow_polling())
+                .await
+                .unwrap();
+            let _ = done.send(Instant::now());
+            lock.release().await.unwrap();
+        });
+    }
+    tokio::time::sleep(ms(3_000)).await;
+    held.release().await.unwrap();
+    let mut last = Instant::now();
+    let mut gaps = Vec::new();
+    for _ in 0..WAITERS {
+        let at = timeout(Duration::from_secs(100), finished.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        gaps.push(at.saturating_duration_since(last));
+        last = at;
+    }
+    println!("hand-over gaps: {gaps:?}");
+    assert!(
+        gaps.iter().all(|g| *g < WOKEN_WITHIN),
+        "a hand-over stalled: {gaps:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. Channels that go idle while the pub/sub connection is down: the sweeper's UNSUBSCRIBE
+//    fails, the channels are forgotten anyway, and redis-rs (which still tracks them)
+//    resubscribes them after reconnecting: server-side subscriptions nobody will ever drop.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_swept_during_an_outage_do_not_stay_subscribed_on_the_server() {
+    const KEYS: usize = 20;
+    let env = Env::start().await;
+    let gate = Gate::start(env.server.port()).await;
+    let client = client_with_events_via(&env.server, &gate.url()).await;
+    let other = env.other_client().await;
+    let mut held = Vec::new();
+    for i in 0..KEYS {
+        held.push(
+            other
+                .obtain(format!("k{i}"), ms(120_000), &Options::default())
+                .await
+                .unwrap(),
+        );
+    }
+    let opts = Options::default()
+        .retry(Retry::linear(Duration::from_secs(15)))
+        .timeout(ms(3_000));
+    let mut waiters = Vec::new();
+    for i in 0..KEYS {
+        let (c, o) = (client.clone(), opts.clone());
+        waiters.push(tokio::spawn(async move {
+            c.obtain(format!("k{i}"), ms(1_000), &o).await
+        }));
+    }
+    eventually(ms(10_000), "all subscribed", async || {
+        let n: i64 = env.cmd(&["PUBSUB", "NUMPAT"]).await; // round trip only
+        let _ = n;
+        let channels: Vec<String> = env.cmd(&["PUBSUB", "CHANNELS"]).await;
+        channels.len() == KEYS
+    })
+    .await;
+    gate.close(); // the pub/sub connection drops and cannot come back for a while
+    for w in waiters {
+        let _ = w.await; // each gives up at its 3 s deadline: its channel goes idle
+    }
+    tokio::time::sleep(ms(3_000)).await; // the sweeper tries to unsubscribe them now
+    gate.open();
+    // Something makes the connection come back: another waiter on another key.
+    let _z = other
+        .obtain("z", ms(120_000), &Options::default())
+        .await
+        .unwrap();
+    let _ = client
+        .obtain(
+            "z",
+            ms(1_000),
+            &Options::default()
+                .retry(Retry::linear(ms(100)))
+                .timeout(ms(1_000)),
+        )
+        .await;
+    tokio::time::sleep(ms(5_000)).await; // idle channels are swept within 1.5 s
+    let channels: Vec<String> = env.cmd(&["PUBSUB", "CHANNELS"]).await;
+    assert_eq!(client.release_channels_watched(), 0);
+    assert!(
+        channels.is_empty(),
+        "still subscribed on the server, nobody waits: {channels:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// 10. One SUBSCRIBE lost to a momentary drop of the pub/sub connection: the waiter waits in
+//     `confirm` for its whole polling interval; nothing retries the subscription although
+//     redis-rs reconnects within milliseconds.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_lost_to_a_momentary_drop_is_retried() {
+    let env = Env::start().await;
+    let proxy = Proxy::start(env.server.port()).await;
+    let client = client_with_events_via(&env.server, &proxy.url()).await;
+    // Open the pub/sub connection first (an unrelated waiter that gives up).
+    let other = env.other_client().await;
+    let held = other
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let quick = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(300));
+    let _ = client.obtain("job", ms(1_000), &quick).await;
+    proxy.set_latency(ms(300));
+    let w: Waiter = tokio::spawn({
+        let c = client.clone();
+        async move { c.obtain("job", ms(60_000), &slow_polling()).await }
+    });
+    tokio::time::sleep(ms(100)).await; // its SUBSCRIBE is in the proxy now
+    proxy.drop_connections();
+    proxy.set_latency(Duration::ZERO);
+    tokio::time::sleep(ms(1_500)).await; // redis-rs has long reconnected
+    held.release().await.unwrap();
+    woken(w, "after a momentary drop during its SUBSCRIBE").await;
+}
+
+// ---------------------------------------------------------------------------------------
+// 11. "A waiter never marks a value this library did not write": any value that starts
+//     with digits and a colon is taken for ours.
+// ---------------------------------------------------------------------------------------
+#[tokio::test]
+async fn a_waiter_never_marks_a_foreign_value_that_only_looks_like_a_lock() {
+    let env = Env::start().await;
+    let _: String = env.cmd(&["SET", "meeting", "10:30 room 4"]).await;
+    let opts = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(300));
+    let err = env
+        .client
+        .obtain("meeting", ms(1_000), &opts)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained());
+    assert_eq!(env.get("meeting").await.as_deref(), Some("10:30 room 4"));
+}
