@@ -19,8 +19,9 @@ mod history;
 
 use std::time::Duration;
 
-use history::Outcome;
 use history::faults::Restart;
+use history::{Outcome, Setup, topology};
+use lockset::redis::aio::ConnectionLike;
 
 /// The topologies run one after another, never at once: they share two cores.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -44,6 +45,17 @@ fn seed() -> u64 {
     seed
 }
 
+/// Runs the topology `build` makes from the seed, for `percent` of the total time.
+async fn run<C>(percent: u64, build: impl AsyncFnOnce(u64) -> Setup<C>) -> Outcome
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let _one = ONE_AT_A_TIME.lock().await;
+    let seed = seed();
+    let setup = build(seed).await;
+    history::run(setup, seed, share(percent)).await
+}
+
 /// Prints the outcome and fails on anything it found.
 fn report(outcome: &Outcome) {
     println!("{}", outcome.summary);
@@ -57,19 +69,18 @@ fn report(outcome: &Outcome) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn single_server_history_is_safe() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let seed = seed();
-    let setup = history::topology::single(seed).await;
-    report(&history::run(setup, seed, share(30)).await);
+    report(&run(30, topology::single).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn redlock_history_with_delayed_restarts_is_safe() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let seed = seed();
-    let setup = history::topology::redlock(seed, Restart::Delayed).await;
-    report(&history::run(setup, seed, share(30)).await);
+    report(
+        &run(30, async |seed| {
+            topology::redlock(seed, Restart::Delayed).await
+        })
+        .await,
+    );
 }
 
 /// Why the README insists on delayed restarts: a master without persistence that comes
@@ -80,10 +91,10 @@ async fn redlock_history_with_delayed_restarts_is_safe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn redlock_history_without_delayed_restarts_is_unsafe() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let seed = seed();
-    let setup = history::topology::redlock(seed, Restart::Immediate).await;
-    let outcome = history::run(setup, seed, share(15)).await;
+    let outcome = run(15, async |seed| {
+        topology::redlock(seed, Restart::Immediate).await
+    })
+    .await;
     println!("{}", outcome.summary);
     let found = outcome.violations.first().expect(
         "restarting Redlock masters empty at once must let two owners hold a lock, \
@@ -96,8 +107,5 @@ async fn redlock_history_without_delayed_restarts_is_unsafe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn cluster_history_is_safe() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let seed = seed();
-    let setup = history::topology::cluster(seed).await;
-    report(&history::run(setup, seed, share(25)).await);
+    report(&run(25, topology::cluster).await);
 }

@@ -73,11 +73,13 @@ impl Outcome {
 }
 
 /// Runs `setup` for `length` with faults from `seed`'s schedule, then checks the clean-up.
+/// Stops at the first violation, unless `LOCKSET_HISTORY_KEEP_GOING` is set.
 pub async fn run<C>(setup: Setup<C>, seed: u64, length: Duration) -> Outcome
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let history = History::new(&setup.name, seed);
+    let keep_going = std::env::var_os("LOCKSET_HISTORY_KEEP_GOING").is_some();
+    let history = History::new(&setup.name, seed, keep_going);
     let until = Instant::now() + length;
     let schedule = faults::schedule(seed, &setup.plan, length);
     let injector = faults::inject(schedule, setup.targets.clone(), history.clone(), until);

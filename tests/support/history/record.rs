@@ -30,6 +30,8 @@ pub struct History {
     pub name: String,
     pub seed: u64,
     pub start: Instant,
+    /// Go on after a violation (to see every kind a run finds), instead of stopping.
+    keep_going: bool,
     stop: AtomicBool,
     state: Mutex<State>,
 }
@@ -111,10 +113,12 @@ pub struct Held {
 }
 
 impl History {
-    pub fn new(name: &str, seed: u64) -> Arc<Self> {
+    /// A history that stops the run at the first violation, unless `keep_going`.
+    pub fn new(name: &str, seed: u64, keep_going: bool) -> Arc<Self> {
         Arc::new(Self {
             name: name.to_owned(),
             seed,
+            keep_going,
             start: Instant::now(),
             stop: AtomicBool::new(false),
             state: Mutex::default(),
@@ -259,35 +263,29 @@ impl History {
 
     /// The holder calls release, drops a guard (which releases) or leaves a nested section:
     /// its belief ends now.
-    pub fn stop_believing(&self, mut held: Held, valid_until: Instant) {
-        let mut state = self.state();
-        let now = Instant::now();
-        self.observe_at(
-            &mut state,
-            &mut held,
-            now,
-            valid_until,
-            "stops believing",
-            false,
-        );
-        if let Some(belief) = held.current.and_then(|id| state.beliefs.get_mut(&id)) {
-            belief.end = belief.end.min(now);
-        }
-        Self::close(&mut state, &held);
+    pub fn stop_believing(&self, held: Held, valid_until: Instant) {
+        self.let_go(held, valid_until, true);
     }
 
     /// The holder lets the lock go without releasing it: its belief ends at its validity.
-    pub fn let_expire(&self, mut held: Held, valid_until: Instant) {
+    pub fn let_expire(&self, held: Held, valid_until: Instant) {
+        self.let_go(held, valid_until, false);
+    }
+
+    fn let_go(&self, mut held: Held, valid_until: Instant, ends_now: bool) {
         let mut state = self.state();
         let now = Instant::now();
-        self.observe_at(
-            &mut state,
-            &mut held,
-            now,
-            valid_until,
-            "lets it expire",
-            false,
-        );
+        let what = if ends_now {
+            "stops believing"
+        } else {
+            "lets it expire"
+        };
+        self.observe_at(&mut state, &mut held, now, valid_until, what, false);
+        if let Some(belief) = held.current.and_then(|id| state.beliefs.get_mut(&id))
+            && ends_now
+        {
+            belief.end = belief.end.min(now);
+        }
         Self::close(&mut state, &held);
     }
 
@@ -458,7 +456,9 @@ impl History {
         if state.violations.len() < KEEP_REPORTS {
             state.violations.push(report);
         }
-        self.stop.store(true, Ordering::SeqCst);
+        if !self.keep_going {
+            self.stop.store(true, Ordering::SeqCst);
+        }
     }
 
     /// Judges every pair of closed beliefs on one key not judged yet, then drops the closed
@@ -619,7 +619,11 @@ fn remember_dropped(dropped: &mut Vec<(Arc<str>, Instant)>, owner: Arc<str>, end
     dropped.truncate(2);
 }
 
-/// The first characters of a token: enough to tell owners apart in a report.
+/// The first characters of a token, enough to tell owners apart in a report (a `with_lock`
+/// holder's made-up owner in full).
 fn prefix(token: &str) -> &str {
-    token.get(..8).unwrap_or(token)
+    match token.contains(' ') {
+        true => token,
+        false => token.get(..8).unwrap_or(token),
+    }
 }
