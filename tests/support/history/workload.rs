@@ -139,16 +139,22 @@ where
             "client {} re-obtain by its token, {variant}: {:?} ttl {:?}",
             self.id, inner.keys, inner.ttl
         );
-        if let Some((inner_lock, mut inner_held)) = self.obtain(inner, None).await {
-            if self.rng.random_bool(0.5) {
-                self.ttl(&inner_lock, &mut inner_held).await;
+        let inner_what = inner.what.clone();
+        let inner_outcome = match self.obtain(inner, None).await {
+            Some((inner_lock, mut inner_held)) => {
+                if self.rng.random_bool(0.5) {
+                    self.ttl(&inner_lock, &mut inner_held).await;
+                }
+                // Leaving the inner section: it stops believing, the keys stay the outer's.
+                self.history
+                    .stop_believing(inner_held, inner_lock.valid_until());
+                "obtained"
             }
-            // Leaving the inner section: it stops believing, the keys stay the outer's.
-            self.history
-                .stop_believing(inner_held, inner_lock.valid_until());
-        }
-        self.history
-            .observe(&mut held, lock.valid_until(), "after the inner section");
+            None => "not obtained",
+        };
+        // A re-obtain may change the outer lock's keys even when it fails (its reply lost).
+        let what = format!("after an inner section ({inner_what}: {inner_outcome})");
+        self.history.observe(&mut held, lock.valid_until(), &what);
         self.use_lock(&lock, &mut held).await;
         self.finish(lock, held).await;
     }
@@ -168,7 +174,9 @@ where
                 (lock.keep_alive_every(every), "watchdog (own interval)")
             }
         };
-        let until = Instant::now() + ms(self.rng.random_range(0..=1_500));
+        // Sometimes far beyond the TTL: only the watchdog keeps the lock then.
+        let work = ms(self.rng.random_range(0..=3 * ttl.as_millis() as u64));
+        let until = Instant::now() + work;
         while Instant::now() < until && !self.history.stopped() {
             self.pause(10).await;
             self.history.poll(&mut held, guard.valid_until(), kind);
@@ -193,7 +201,9 @@ where
                 .rng
                 .random_range(1..=request.ttl.as_millis() as u64)));
         }
-        let work = ms(self.rng.random_range(0..=1_000));
+        let work = ms(self
+            .rng
+            .random_range(0..=2 * request.ttl.as_millis() as u64));
         let poll = ms(self.rng.random_range(1..=10));
         let holder =
             self.history
@@ -291,10 +301,13 @@ where
         Some((lock, held))
     }
 
-    /// A few TTL queries and refreshes, with pauses between them.
+    /// A few TTL queries and refreshes, with pauses between them (sometimes past the
+    /// validity).
     async fn use_lock(&mut self, lock: &Lock<C>, held: &mut Held) {
-        for _ in 0..self.rng.random_range(0..4) {
-            self.pause(300).await;
+        let steps = self.rng.random_range(0..4);
+        for _ in 0..steps {
+            let left = lock.valid_until().saturating_duration_since(Instant::now());
+            self.pause(left.as_millis() as u64 * 2 / steps).await;
             if self.history.stopped() {
                 return;
             }
