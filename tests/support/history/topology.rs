@@ -122,7 +122,7 @@ pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
     let mut plan = Plan::mixed(servers.len(), proxies.len(), restart, Vec::new());
     if restart == Restart::Immediate {
         // Restarts often, so that a majority can forget a lock within one TTL.
-        plan.gap_ms = (20, 200);
+        plan.gap_ms = (10, 120);
         plan.weights = [15, 60, 5, 5, 5, 5, 0];
     }
     Setup {
