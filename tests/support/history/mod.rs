@@ -177,7 +177,8 @@ fn summary(
     format!(
         "history {}: seed {}, {:.0} s, {clients} clients: {} operations ({} obtains, {} \
          cancelled, {} errors), {} beliefs, {} faults, max overlap slack {slack} (closest gap \
-         between owners of one key), {} deadlines missed, {} violations, RSS {} -> {} KiB",
+         between owners of one key), {} deadlines missed ({} without a fault), {} violations, at most {} \
+         beliefs kept, RSS {} -> {} KiB",
         history.name,
         history.seed,
         length.as_secs_f64(),
@@ -188,7 +189,9 @@ fn summary(
         stats.beliefs,
         stats.faults,
         stats.deadlines_missed,
+        stats.missed_without_faults,
         stats.violations,
+        stats.most_kept,
         rss.0,
         rss.1,
     )

@@ -62,6 +62,10 @@ pub struct Stats {
     /// The closest two beliefs of different owners on one key came (None: never adjacent).
     pub min_gap: Option<Duration>,
     pub deadlines_missed: u64,
+    /// Deadlines missed while no fault was active.
+    pub missed_without_faults: u64,
+    /// The most beliefs the checker kept in memory at once (it drops settled ones).
+    pub most_kept: usize,
     pub violations: u64,
 }
 
@@ -165,7 +169,17 @@ impl History {
             return;
         }
         state.stats.deadlines_missed += 1;
-        if state.misses.len() < KEEP_REPORTS {
+        // Misses without any fault are the telling ones: keep those apart.
+        let calm = Self::active(&state, start, end).next().is_none();
+        if calm {
+            state.stats.missed_without_faults += 1;
+        }
+        let kept = state
+            .misses
+            .iter()
+            .filter(|m| m.ends_with("faults then: none") == calm)
+            .count();
+        if kept < KEEP_REPORTS {
             let late = end - deadline;
             let report = format!(
                 "obtain returned {late:?} after its deadline (allowed {DEADLINE_GRACE:?}): \
@@ -431,11 +445,9 @@ impl History {
         self.state().faults[fault].end = Some(Instant::now());
     }
 
+    /// The faults active at some point between `from` and `to`, or "none".
     fn faults_between(&self, state: &State, from: Instant, to: Instant) -> String {
-        let active: Vec<String> = state
-            .faults
-            .iter()
-            .filter(|f| f.start <= to && f.end.is_none_or(|end| end >= from))
+        let active: Vec<String> = Self::active(state, from, to)
             .map(|f| {
                 let end = f.end.map_or("still on".to_owned(), |end| self.at(end));
                 format!("{} [{}, {end}]", f.what, self.at(f.start))
@@ -445,6 +457,15 @@ impl History {
             return "none".to_owned();
         }
         active.join("; ")
+    }
+
+    fn active(state: &State, from: Instant, to: Instant) -> impl Iterator<Item = &FaultSpan> {
+        // Faults start in order and none lasts longer than a few seconds: look back a little.
+        let horizon = from.checked_sub(Duration::from_secs(5)).unwrap_or(from);
+        let recent = state.faults.partition_point(|f| f.start < horizon);
+        state.faults[recent..]
+            .iter()
+            .filter(move |f| f.start <= to && f.end.is_none_or(|end| end >= from))
     }
 
     fn header(&self) -> String {
@@ -470,6 +491,8 @@ impl History {
         for key in keys {
             self.check_line(&mut state, &key, now);
         }
+        let kept = state.beliefs.len();
+        state.stats.most_kept = state.stats.most_kept.max(kept);
     }
 
     fn check_line(&self, state: &mut State, key: &str, now: Instant) {
