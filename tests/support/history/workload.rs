@@ -34,7 +34,7 @@ pub struct Worker<C> {
 }
 
 /// How an obtain is limited in time.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 enum Limit {
     /// No limit given: the TTL.
     Ttl,
@@ -384,8 +384,18 @@ where
             Limit::Timeout(timeout) => options.timeout(timeout),
             Limit::Deadline(deadline) => options.deadline(deadline),
         };
+        let limit_what = match limit {
+            Limit::Ttl => "no timeout (the TTL)".to_owned(),
+            Limit::Timeout(timeout) => format!("timeout {timeout:?}"),
+            Limit::Deadline(at) => {
+                format!(
+                    "deadline in {:?}",
+                    at.saturating_duration_since(Instant::now())
+                )
+            }
+        };
         let mut what = format!(
-            "client {} obtain {keys:?} ttl {ttl:?}, {retry:?}, {limit:?}",
+            "client {} obtain {keys:?} ttl {ttl:?}, {retry:?}, {limit_what}",
             self.id
         );
         if let Some(token) = token {
