@@ -19,7 +19,7 @@ mod history;
 
 use std::time::Duration;
 
-use history::faults::Restart;
+use history::faults::{Fault, Plan, Restart, schedule};
 use history::{Outcome, Setup, topology};
 use lockset::redis::aio::ConnectionLike;
 
@@ -108,4 +108,29 @@ async fn redlock_history_without_delayed_restarts_is_unsafe() {
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn cluster_history_is_safe() {
     report(&run(25, topology::cluster).await);
+}
+
+/// The schedules draw every kind of fault a topology allows (cheap: no servers).
+#[test]
+fn schedules_draw_every_allowed_fault() {
+    let kind = |fault: &Fault| std::mem::discriminant(fault);
+    let plans = [
+        (Plan::mixed(1, 2, Restart::Delayed, Vec::new()), 6),
+        (Plan::mixed(3, 0, Restart::Never, vec![1, 2, 3]), 2),
+    ];
+    for (plan, kinds) in plans {
+        let faults = schedule(42, &plan, Duration::from_secs(60));
+        let mut seen = Vec::new();
+        for (_, fault) in &faults {
+            if !seen.contains(&kind(fault)) {
+                seen.push(kind(fault));
+            }
+        }
+        assert_eq!(seen.len(), kinds, "{plan:?}: {faults:?}");
+        assert_eq!(
+            faults,
+            schedule(42, &plan, Duration::from_secs(60)),
+            "seeded"
+        );
+    }
 }

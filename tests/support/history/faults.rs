@@ -58,7 +58,7 @@ impl Plan {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fault {
     Pause {
         server: usize,
@@ -93,8 +93,8 @@ pub enum Fault {
 /// The faults of a run, each with when it starts.
 pub fn schedule(seed: u64, plan: &Plan, length: Duration) -> Vec<(Duration, Fault)> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xFA17);
-    // When each server (then each proxy) is free again.
-    let mut free = vec![Duration::ZERO; plan.servers + plan.proxies];
+    // When each server, then each proxy, then the migration lane is free again.
+    let mut free = vec![Duration::ZERO; plan.servers + plan.proxies + 1];
     let mut faults = Vec::new();
     let mut at = Duration::ZERO;
     loop {
@@ -140,7 +140,7 @@ fn pick_kind(rng: &mut SmallRng, plan: &Plan) -> Option<usize> {
 }
 
 /// Draws one fault of `kind` on a target that is free at `at`: the fault, how long its
-/// targets stay busy, and which targets (servers first, then proxies).
+/// targets stay busy, and which targets (servers first, then proxies, then migrations).
 fn draw(
     rng: &mut SmallRng,
     plan: &Plan,
@@ -149,7 +149,8 @@ fn draw(
     at: Duration,
 ) -> Option<(Fault, Duration, Vec<usize>)> {
     let free_server = |rng: &mut SmallRng| pick_free(rng, &free[..plan.servers], at);
-    let free_proxy = |rng: &mut SmallRng| pick_free(rng, &free[plan.servers..], at);
+    let proxies = plan.servers..plan.servers + plan.proxies;
+    let free_proxy = |rng: &mut SmallRng| pick_free(rng, &free[proxies.clone()], at);
     // Some faults outlast every TTL: a holder must learn that its lock ran out meanwhile.
     let span = |rng: &mut SmallRng, max: u64| ms(rng.random_range(20..=max));
     let settle = ms(50);
@@ -201,15 +202,15 @@ fn draw(
             (Fault::Cut { proxy }, settle, vec![plan.servers + proxy])
         }
         _ => {
-            // redis-cli waits for a paused node without a timeout: migrate only when every
-            // node is up, and pause none meanwhile.
-            if free[..plan.servers].iter().any(|f| *f > at) {
+            // One migration at a time. A paused node only makes it take longer (redis-cli
+            // waits for it): a slot stuck half-way is a fault of its own.
+            let lane = plan.servers + plan.proxies;
+            if free[lane] > at {
                 return None;
             }
             let slot = plan.slots[rng.random_range(0..plan.slots.len())];
             let shift = rng.random_range(1..plan.servers.max(2));
-            let fault = Fault::Migrate { slot, shift };
-            (fault, ms(1_000), (0..plan.servers).collect())
+            (Fault::Migrate { slot, shift }, ms(1_000), vec![lane])
         }
     };
     Some(drawn)
