@@ -48,7 +48,10 @@ struct Request {
     ttl: Duration,
     options: Options,
     limit: Limit,
+    /// The whole request, for reports.
     what: String,
+    /// Its options (retry, time limit, token, fencing), for reports.
+    options_what: String,
 }
 
 impl Request {
@@ -136,8 +139,8 @@ where
             }
         };
         inner.what = format!(
-            "client {} re-obtain by its token, {variant}: {:?} ttl {:?}",
-            self.id, inner.keys, inner.ttl
+            "client {} re-obtain by its token, {variant}: {:?} ttl {:?}, {}",
+            self.id, inner.keys, inner.ttl, inner.options_what
         );
         let inner_what = inner.what.clone();
         let inner_outcome = match self.obtain(inner, None).await {
@@ -394,27 +397,29 @@ where
                 )
             }
         };
-        let mut what = format!(
-            "client {} obtain {keys:?} ttl {ttl:?}, {retry:?}, {limit_what}",
-            self.id
-        );
+        let mut options_what = format!("{retry:?}, {limit_what}");
         if let Some(token) = token {
             options = options.token(token);
-            what.push_str(", custom token");
+            options_what.push_str(", custom token");
         }
         if fencing && self.fencing && self.rng.random_bool(0.3) {
             options = options.fencing();
-            what.push_str(", fencing");
+            options_what.push_str(", fencing");
         }
         if self.rng.random_bool(0.2) {
             options = options.metadata(format!("client-{}", self.id));
         }
+        let what = format!(
+            "client {} obtain {keys:?} ttl {ttl:?}, {options_what}",
+            self.id
+        );
         Request {
             keys,
             ttl,
             options,
             limit,
             what,
+            options_what,
         }
     }
 
