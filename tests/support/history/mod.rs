@@ -123,6 +123,8 @@ where
         resident_kib()
     };
     let rss_after = resident_kib();
+    // Shorter than `length` when a violation stopped the run.
+    let ran = history.start.elapsed().min(length);
     // Every fault heals before the clean-up is judged.
     injector.await.expect("fault injector");
     checker.abort();
@@ -136,7 +138,7 @@ where
         &history,
         &stats,
         setup.clients.len(),
-        length,
+        (ran, length),
         (rss_before, rss_after),
     );
     Outcome {
@@ -168,19 +170,20 @@ fn summary(
     history: &History,
     stats: &Stats,
     clients: usize,
-    length: Duration,
+    (ran, length): (Duration, Duration),
     rss: (u64, u64),
 ) -> String {
     let slack = stats
         .min_gap
         .map_or("none".to_owned(), |gap| format!("{gap:?}"));
     format!(
-        "history {}: seed {}, {:.0} s, {clients} clients: {} operations ({} obtains, {} \
+        "history {}: seed {}, {:.1} of {:.0} s, {clients} clients: {} operations ({} obtains, {} \
          cancelled, {} errors), {} beliefs, {} faults, max overlap slack {slack} (closest gap \
          between owners of one key), {} deadlines missed ({} without a fault), {} violations, at most {} \
          beliefs kept, RSS {} -> {} KiB",
         history.name,
         history.seed,
+        ran.as_secs_f64(),
         length.as_secs_f64(),
         stats.ops,
         stats.obtains,
