@@ -1,0 +1,406 @@
+//! Faults from a seeded schedule: servers paused (SIGSTOP) or killed and restarted empty,
+//! connections stalled, dropped, cut or slowed in a TCP proxy, cluster slots migrated.
+//!
+//! The whole schedule is drawn from the seed before the run starts, so a seed reproduces
+//! it; a target (a server, a proxy) has at most one fault at a time, and every fault heals
+//! itself when its time is up.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{RngExt as _, SeedableRng as _};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::record::History;
+use super::workload::MAX_TTL;
+use crate::support::proxy::Proxy;
+use crate::support::{RedisServer, ms};
+
+/// How long a killed server stays down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restart {
+    /// Never killed.
+    Never,
+    /// Longer than the longest TTL (antirez's delayed restart): every lock it held has
+    /// expired everywhere by the time it is back, so forgetting them is harmless.
+    Delayed,
+    /// Back at once, empty: it forgets locks that are still valid.
+    Immediate,
+}
+
+/// What the schedule may do to a topology, and how often.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub servers: usize,
+    pub proxies: usize,
+    pub restart: Restart,
+    /// Cluster slots whose keys may be migrated to another node.
+    pub slots: Vec<u16>,
+    /// The time between two faults starting, in ms.
+    pub gap_ms: (u64, u64),
+    /// Relative weights: pause, restart, stall, latency, drop, cut, migrate.
+    pub weights: [u32; 7],
+}
+
+impl Plan {
+    /// The usual mix: every kind of fault the topology allows, a few per second.
+    pub fn mixed(servers: usize, proxies: usize, restart: Restart, slots: Vec<u16>) -> Self {
+        Self {
+            servers,
+            proxies,
+            restart,
+            slots,
+            gap_ms: (100, 700),
+            weights: [25, 15, 15, 15, 10, 10, 15],
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    Pause {
+        server: usize,
+        for_: Duration,
+    },
+    Restart {
+        server: usize,
+        down: Duration,
+    },
+    Stall {
+        proxy: usize,
+        for_: Duration,
+    },
+    Latency {
+        proxy: usize,
+        latency: Duration,
+        for_: Duration,
+    },
+    Drop {
+        proxy: usize,
+    },
+    Cut {
+        proxy: usize,
+    },
+    /// Moves a slot (with its keys) to the `shift`-th next node.
+    Migrate {
+        slot: u16,
+        shift: usize,
+    },
+}
+
+/// The faults of a run, each with when it starts.
+pub fn schedule(seed: u64, plan: &Plan, length: Duration) -> Vec<(Duration, Fault)> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0xFA17);
+    // When each server, then each proxy, then the migration lane is free again.
+    let mut free = vec![Duration::ZERO; plan.servers + plan.proxies + 1];
+    let mut faults = Vec::new();
+    let mut at = Duration::ZERO;
+    loop {
+        at += ms(rng.random_range(plan.gap_ms.0..=plan.gap_ms.1));
+        if at >= length {
+            return faults;
+        }
+        let Some(kind) = pick_kind(&mut rng, plan) else {
+            return faults;
+        };
+        if let Some((fault, busy, targets)) = draw(&mut rng, plan, kind, &free, at) {
+            for target in targets {
+                free[target] = at + busy;
+            }
+            faults.push((at, fault));
+        }
+    }
+}
+
+/// Picks a kind of fault by weight among those the plan allows.
+fn pick_kind(rng: &mut SmallRng, plan: &Plan) -> Option<usize> {
+    let allowed = |kind: usize| match kind {
+        0 => plan.servers > 0,
+        1 => plan.restart != Restart::Never,
+        2..=5 => plan.proxies > 0,
+        _ => !plan.slots.is_empty(),
+    };
+    let weights: Vec<u32> = (0..7)
+        .map(|k| if allowed(k) { plan.weights[k] } else { 0 })
+        .collect();
+    let total: u32 = weights.iter().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut pick = rng.random_range(0..total);
+    weights.iter().position(|&w| {
+        if pick < w {
+            return true;
+        }
+        pick -= w;
+        false
+    })
+}
+
+/// Draws one fault of `kind` on a target that is free at `at`: the fault, how long its
+/// targets stay busy, and which targets (servers first, then proxies, then migrations).
+fn draw(
+    rng: &mut SmallRng,
+    plan: &Plan,
+    kind: usize,
+    free: &[Duration],
+    at: Duration,
+) -> Option<(Fault, Duration, Vec<usize>)> {
+    let free_server = |rng: &mut SmallRng| pick_free(rng, &free[..plan.servers], at);
+    let proxies = plan.servers..plan.servers + plan.proxies;
+    let free_proxy = |rng: &mut SmallRng| pick_free(rng, &free[proxies.clone()], at);
+    // Some faults outlast every TTL: a holder must learn that its lock ran out meanwhile.
+    let span = |rng: &mut SmallRng, max: u64| ms(rng.random_range(20..=max));
+    let settle = ms(50);
+    let drawn = match kind {
+        0 => {
+            let server = free_server(rng)?;
+            let for_ = span(rng, 1_500);
+            (Fault::Pause { server, for_ }, for_ + settle, vec![server])
+        }
+        1 => {
+            let server = free_server(rng)?;
+            let down = match plan.restart {
+                Restart::Delayed => MAX_TTL + ms(rng.random_range(100..=400)),
+                _ => ms(rng.random_range(0..=30)),
+            };
+            // Starting a server takes a while; keep the target busy for it.
+            (
+                Fault::Restart { server, down },
+                down + ms(300),
+                vec![server],
+            )
+        }
+        2 => {
+            let proxy = free_proxy(rng)?;
+            let for_ = span(rng, 800);
+            (
+                Fault::Stall { proxy, for_ },
+                for_ + settle,
+                vec![plan.servers + proxy],
+            )
+        }
+        3 => {
+            let proxy = free_proxy(rng)?;
+            let latency = ms(rng.random_range(2..=150));
+            let for_ = ms(rng.random_range(100..=1_500));
+            let fault = Fault::Latency {
+                proxy,
+                latency,
+                for_,
+            };
+            (fault, for_ + settle, vec![plan.servers + proxy])
+        }
+        4 => {
+            let proxy = free_proxy(rng)?;
+            (Fault::Drop { proxy }, settle, vec![plan.servers + proxy])
+        }
+        5 => {
+            let proxy = free_proxy(rng)?;
+            (Fault::Cut { proxy }, settle, vec![plan.servers + proxy])
+        }
+        _ => {
+            // One migration at a time. A paused node only makes it take longer (redis-cli
+            // waits for it): a slot stuck half-way is a fault of its own.
+            let lane = plan.servers + plan.proxies;
+            if free[lane] > at {
+                return None;
+            }
+            let slot = plan.slots[rng.random_range(0..plan.slots.len())];
+            let shift = rng.random_range(1..plan.servers.max(2));
+            (Fault::Migrate { slot, shift }, ms(1_000), vec![lane])
+        }
+    };
+    Some(drawn)
+}
+
+fn pick_free(rng: &mut SmallRng, free: &[Duration], at: Duration) -> Option<usize> {
+    let candidates: Vec<usize> = (0..free.len()).filter(|&i| free[i] <= at).collect();
+    (!candidates.is_empty()).then(|| candidates[rng.random_range(0..candidates.len())])
+}
+
+/// What faults act on.
+pub struct Targets {
+    pub servers: Servers,
+    pub proxies: Vec<Arc<Proxy>>,
+}
+
+/// The servers of a topology.
+pub enum Servers {
+    /// Independent servers (one, or the masters of a quorum): they can be killed.
+    Plain(Vec<Arc<Mutex<RedisServer>>>),
+    #[cfg(feature = "cluster")]
+    Cluster(Arc<crate::support::cluster::Cluster>),
+}
+
+impl Servers {
+    /// Runs `f` on server `i` on a blocking thread (signals, restarts and redis-cli block).
+    async fn with<T: Send + 'static>(
+        &self,
+        i: usize,
+        f: impl FnOnce(&mut RedisServer) -> T + Send + 'static,
+    ) -> T {
+        let run = match self {
+            Self::Plain(servers) => {
+                let server = servers[i].clone();
+                tokio::task::spawn_blocking(move || {
+                    f(&mut server.lock().unwrap_or_else(PoisonError::into_inner))
+                })
+            }
+            #[cfg(feature = "cluster")]
+            Self::Cluster(_) => unreachable!("cluster nodes are reached through the cluster"),
+        };
+        run.await.expect("fault task")
+    }
+
+    async fn pause(&self, i: usize, paused: bool) {
+        #[cfg(feature = "cluster")]
+        if let Self::Cluster(cluster) = self {
+            let cluster = cluster.clone();
+            let signal = move || match paused {
+                true => cluster.nodes[i].pause(),
+                false => cluster.nodes[i].resume(),
+            };
+            return tokio::task::spawn_blocking(signal).await.expect("signal");
+        }
+        self.with(i, move |server| match paused {
+            true => server.pause(),
+            false => server.resume(),
+        })
+        .await;
+    }
+
+    /// The keys left on every server, except fencing counters (which must outlive locks).
+    pub async fn leftover_keys(&self) -> Vec<String> {
+        let keys = match self {
+            Self::Plain(servers) => {
+                let mut keys = Vec::new();
+                for server in servers {
+                    let url = server.lock().unwrap_or_else(PoisonError::into_inner).url();
+                    keys.extend(all_keys(&url).await);
+                }
+                keys
+            }
+            #[cfg(feature = "cluster")]
+            Self::Cluster(cluster) => (0..cluster.nodes.len())
+                .flat_map(|i| {
+                    let out = cluster.cli(i, &["KEYS", "*"]);
+                    out.lines().map(str::to_owned).collect::<Vec<_>>()
+                })
+                .filter(|key| !key.is_empty())
+                .collect(),
+        };
+        keys.into_iter()
+            .filter(|key| !key.ends_with(":fence"))
+            .collect()
+    }
+}
+
+/// Every key on the server at `url` (KEYS skips keys whose TTL has passed).
+async fn all_keys(url: &str) -> Vec<String> {
+    let client = lockset::redis::Client::open(url).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to inspect keys");
+    lockset::redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS")
+}
+
+/// Runs `schedule` from now until `until` (or until the history stops); returns when every
+/// fault it started has healed.
+pub fn inject(
+    schedule: Vec<(Duration, Fault)>,
+    targets: Arc<Targets>,
+    history: Arc<History>,
+    until: Instant,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let start = Instant::now();
+        let mut running = Vec::new();
+        for (at, fault) in schedule {
+            tokio::time::sleep_until(start + at).await;
+            if Instant::now() >= until || history.stopped() {
+                break;
+            }
+            let (targets, history) = (targets.clone(), history.clone());
+            running.push(tokio::spawn(apply(fault, targets, history)));
+        }
+        for fault in running {
+            fault.await.expect("fault task");
+        }
+    })
+}
+
+/// Applies one fault and heals it when its time is up.
+async fn apply(fault: Fault, targets: Arc<Targets>, history: Arc<History>) {
+    let span = history.fault_started(describe(&fault));
+    match fault {
+        Fault::Pause { server, for_ } => {
+            targets.servers.pause(server, true).await;
+            tokio::time::sleep(for_).await;
+            targets.servers.pause(server, false).await;
+        }
+        Fault::Restart { server, down } => {
+            targets.servers.with(server, RedisServer::stop).await;
+            history.forget_everything();
+            tokio::time::sleep(down).await;
+            targets.servers.with(server, RedisServer::restart).await;
+        }
+        Fault::Stall { proxy, for_ } => {
+            targets.proxies[proxy].stall(true);
+            tokio::time::sleep(for_).await;
+            targets.proxies[proxy].stall(false);
+        }
+        Fault::Latency {
+            proxy,
+            latency,
+            for_,
+        } => {
+            targets.proxies[proxy].set_latency(latency);
+            tokio::time::sleep(for_).await;
+            targets.proxies[proxy].set_latency(Duration::ZERO);
+        }
+        Fault::Drop { proxy } => targets.proxies[proxy].drop_connections(),
+        Fault::Cut { proxy } => targets.proxies[proxy].cut_next_reply(),
+        Fault::Migrate { slot, shift } => migrate(&targets.servers, slot, shift).await,
+    }
+    history.fault_ended(span);
+}
+
+#[cfg_attr(not(feature = "cluster"), allow(unused_variables))]
+async fn migrate(servers: &Servers, slot: u16, shift: usize) {
+    #[cfg(feature = "cluster")]
+    if let Servers::Cluster(cluster) = servers {
+        let cluster = cluster.clone();
+        let moved = move || {
+            let from = cluster.owner_of(slot);
+            let to = (from + shift) % cluster.nodes.len();
+            cluster.migrate_slot(slot, from, to);
+        };
+        tokio::task::spawn_blocking(moved).await.expect("migrate");
+    }
+}
+
+fn describe(fault: &Fault) -> String {
+    match fault {
+        Fault::Pause { server, for_ } => format!("server {server} paused for {for_:?}"),
+        Fault::Restart { server, down } => {
+            format!("server {server} killed, restarted empty after {down:?}")
+        }
+        Fault::Stall { proxy, for_ } => format!("proxy {proxy} stalled for {for_:?}"),
+        Fault::Latency {
+            proxy,
+            latency,
+            for_,
+        } => format!("proxy {proxy} +{latency:?} latency for {for_:?}"),
+        Fault::Drop { proxy } => format!("proxy {proxy} dropped its connections"),
+        Fault::Cut { proxy } => format!("proxy {proxy} cut a reply"),
+        Fault::Migrate { slot, shift } => format!("slot {slot} migrated {shift} node(s) on"),
+    }
+}

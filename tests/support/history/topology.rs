@@ -1,0 +1,201 @@
+//! The topologies under test, each with its clients built as separate processes would
+//! build them: one server, a Redlock quorum of five masters, a three-master cluster.
+
+use std::sync::{Arc, Mutex};
+
+use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use lockset::{Client, QuorumConfig};
+use rand::rngs::SmallRng;
+use rand::{RngExt as _, SeedableRng as _};
+
+use super::Setup;
+use super::faults::{Plan, Restart, Servers, Targets};
+use crate::support::proxy::Proxy;
+use crate::support::{RedisServer, ms};
+
+/// How many clients a seed gets: 8 to 32.
+fn client_count(rng: &mut SmallRng) -> usize {
+    rng.random_range(8..=32)
+}
+
+/// A small pool, so that contention is high.
+fn plain_pool() -> Vec<Vec<String>> {
+    vec![(0..10).map(|i| format!("k{i}")).collect()]
+}
+
+/// A single-server lock client of one of three kinds: `Client::connect` (release events,
+/// redis-rs's default timeouts), a polling client, or release events with short timeouts.
+async fn server_client(url: &str, kind: usize) -> Client<ConnectionManager> {
+    if kind == 0 {
+        return Client::connect(url).await.expect("connect");
+    }
+    let redis = lockset::redis::Client::open(url).expect("url");
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(ms(200)))
+        .set_connection_timeout(Some(ms(300)));
+    let conn = ConnectionManager::new_with_config(redis.clone(), config)
+        .await
+        .expect("connect");
+    match kind {
+        1 => Client::new(conn),
+        _ => Client::new(conn).with_release_events(redis),
+    }
+}
+
+/// Starts `count` servers, each with a fault proxy in front.
+async fn servers(count: usize) -> (Vec<Arc<Mutex<RedisServer>>>, Vec<Arc<Proxy>>) {
+    let mut servers = Vec::new();
+    let mut proxies = Vec::new();
+    for _ in 0..count {
+        let server = RedisServer::start();
+        proxies.push(Arc::new(Proxy::start(server.port()).await));
+        servers.push(Arc::new(Mutex::new(server)));
+    }
+    (servers, proxies)
+}
+
+/// The URL of server `i`: direct, or through its proxy.
+fn url(
+    servers: &[Arc<Mutex<RedisServer>>],
+    proxies: &[Arc<Proxy>],
+    i: usize,
+    proxied: bool,
+) -> String {
+    match proxied {
+        true => proxies[i].url(),
+        false => servers[i].lock().expect("server").url(),
+    }
+}
+
+/// One redis-server; clients reach it directly or through one of two proxies. A killed
+/// server comes back only after the longest TTL (without persistence it forgets its locks).
+pub async fn single(seed: u64) -> Setup<ConnectionManager> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x5176);
+    let (servers, mut proxies) = servers(1).await;
+    let port = servers[0].lock().expect("server").port();
+    proxies.push(Arc::new(Proxy::start(port).await));
+    let mut clients = Vec::new();
+    for _ in 0..client_count(&mut rng) {
+        let url = match rng.random_range(0..3) {
+            0 => url(&servers, &proxies, 0, false),
+            route => proxies[route - 1].url(),
+        };
+        clients.push(server_client(&url, rng.random_range(0..3)).await);
+    }
+    Setup {
+        name: "single server".to_owned(),
+        clients,
+        pool: plain_pool(),
+        fencing: true,
+        plan: Plan::mixed(1, proxies.len(), Restart::Delayed, Vec::new()),
+        targets: Arc::new(Targets {
+            servers: Servers::Plain(servers),
+            proxies,
+        }),
+    }
+}
+
+/// A Redlock quorum of five masters, each behind a proxy; every client has its own
+/// connections to all five (some direct, some proxied) and its own per-node time limit.
+pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x4ED1);
+    let (servers, proxies) = servers(5).await;
+    let mut clients = Vec::new();
+    for _ in 0..client_count(&mut rng) {
+        let kind = rng.random_range(0..2);
+        let mut nodes = Vec::new();
+        for i in 0..servers.len() {
+            let url = url(&servers, &proxies, i, rng.random_bool(0.5));
+            nodes.push(server_client(&url, kind).await);
+        }
+        let config = match rng.random_range(0..3) {
+            0 => QuorumConfig::default(),
+            1 => QuorumConfig::default().node_timeout(ms(50)),
+            _ => QuorumConfig::default().node_timeout(ms(150)),
+        };
+        clients.push(Client::quorum(nodes, config).expect("quorum"));
+    }
+    let name = match restart {
+        Restart::Immediate => "Redlock without delayed restarts",
+        _ => "Redlock",
+    };
+    let mut plan = Plan::mixed(servers.len(), proxies.len(), restart, Vec::new());
+    if restart == Restart::Immediate {
+        // Restarts often, so that a majority can forget a lock within one TTL.
+        plan.gap_ms = (10, 120);
+        plan.weights = [15, 60, 5, 5, 5, 5, 0];
+    }
+    Setup {
+        name: name.to_owned(),
+        clients,
+        pool: plain_pool(),
+        // Redlock refuses fencing tokens.
+        fencing: false,
+        plan,
+        targets: Arc::new(Targets {
+            servers: Servers::Plain(servers),
+            proxies,
+        }),
+    }
+}
+
+/// A three-master Redis Cluster; keys come in three groups with a hash tag each, one group
+/// per master at the start, and the faults pause masters and migrate the groups' slots.
+#[cfg(feature = "cluster")]
+pub async fn cluster(seed: u64) -> Setup<lockset::redis::cluster_async::ClusterConnection> {
+    use crate::support::cluster::Cluster;
+
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0xC1u64);
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(Cluster::start)
+            .await
+            .expect("cluster"),
+    );
+    let tags = tags_per_master(&cluster);
+    let pool: Vec<Vec<String>> = tags
+        .iter()
+        .map(|tag| (0..5).map(|i| format!("{{{tag}}}:{i}")).collect())
+        .collect();
+    let slots = pool
+        .iter()
+        .map(|group| lockset::slot_number(&group[0]))
+        .collect();
+    let mut clients = Vec::new();
+    for _ in 0..client_count(&mut rng) {
+        let conn = lockset::redis::cluster::ClusterClient::builder(cluster.urls())
+            .response_timeout(ms(300))
+            .connection_timeout(ms(300))
+            .retries(3)
+            .build()
+            .expect("cluster client")
+            .get_async_connection()
+            .await
+            .expect("cluster connection");
+        clients.push(Client::cluster(conn));
+    }
+    Setup {
+        name: "cluster".to_owned(),
+        clients,
+        pool,
+        fencing: true,
+        plan: Plan::mixed(cluster.nodes.len(), 0, Restart::Never, slots),
+        targets: Arc::new(Targets {
+            servers: Servers::Cluster(cluster),
+            proxies: Vec::new(),
+        }),
+    }
+}
+
+/// One hash tag served by each master.
+#[cfg(feature = "cluster")]
+fn tags_per_master(cluster: &crate::support::cluster::Cluster) -> Vec<String> {
+    let mut tags = Vec::new();
+    for master in 0..cluster.nodes.len() {
+        let tag = (0..)
+            .map(|i| format!("g{i}"))
+            .find(|tag| cluster.owner_of(lockset::slot_number(&format!("{{{tag}}}"))) == master)
+            .expect("some tag lands on every master");
+        tags.push(tag);
+    }
+    tags
+}
