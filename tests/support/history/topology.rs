@@ -38,7 +38,9 @@ async fn server_client(url: &str, kind: usize) -> Client<ConnectionManager> {
         .expect("connect");
     match kind {
         1 => Client::new(conn),
-        _ => Client::new(conn).with_release_events(redis),
+        _ => Client::new(conn)
+            .with_release_events(redis)
+            .expect("release events on a single server"),
     }
 }
 
