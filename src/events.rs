@@ -172,13 +172,16 @@ impl ChannelState {
     }
 }
 
+/// One announcement: the channel it came on and its payload.
+type Announcement = (String, Box<[u8]>);
+
+/// The announcements heard lately: when each was first heard, oldest first.
+type Recent = (HashMap<Announcement, Instant>, VecDeque<Announcement>);
+
 /// The releases that a quorum's listeners heard, so that each wakes one waiter.
 #[derive(Default)]
 pub(crate) struct Heard {
-    recent: Mutex<(
-        HashMap<(String, Box<[u8]>), Instant>,
-        VecDeque<(String, Box<[u8]>)>,
-    )>,
+    recent: Mutex<Recent>,
 }
 
 impl Heard {
