@@ -812,3 +812,91 @@ async fn a_cancelled_guard_release_still_releases_on_drop() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------------------
+// 7. An obtain returns by its deadline, even when Redis stops answering mid-attempt.
+
+/// How long past its deadline an obtain may return on a loaded machine.
+const PAST_DEADLINE: Duration = Duration::from_millis(1_000);
+
+#[tokio::test]
+async fn an_obtain_returns_by_its_deadline_when_the_server_stops_answering() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    // Replies time out long after the deadline: only the deadline can end this obtain.
+    let client = client_with_timeout(&proxy.url(), ms(10_000)).await;
+    client
+        .obtain("warm", ms(1_000), &Options::default())
+        .await
+        .unwrap();
+    proxy.stall(true);
+    let options = Options::default().timeout(ms(300));
+    let start = Instant::now();
+    let err = client
+        .obtain("job", ms(60_000), &options)
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(err, Error::UnknownOutcome(_)), "{err:?}");
+    assert!(took < ms(300) + PAST_DEADLINE, "returned after {took:?}");
+    // The attempt reaches the server once it answers again, and is cleaned up behind it.
+    proxy.stall(false);
+    eventually(ms(8_000), "the cut attempt cleaned up", async || {
+        !exists(&server, "job").await && client.background_tasks() == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_redlock_obtain_returns_by_its_deadline_when_a_majority_stops_answering() {
+    let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let mut proxies = Vec::new();
+    let mut nodes = Vec::new();
+    for server in &servers {
+        let proxy = Proxy::start(server.port()).await;
+        nodes.push(client_with_timeout(&proxy.url(), ms(10_000)).await);
+        proxies.push(proxy);
+    }
+    // The per-node limit (5% of the TTL: 3 s) is far beyond the deadline.
+    let redlock = Client::quorum(nodes, QuorumConfig::default()).unwrap();
+    redlock
+        .obtain("warm", ms(1_000), &Options::default())
+        .await
+        .unwrap();
+    for proxy in &proxies[..3] {
+        proxy.stall(true);
+    }
+    let options = Options::default().timeout(ms(300));
+    let start = Instant::now();
+    let err = redlock
+        .obtain("job", ms(60_000), &options)
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(took < ms(300) + PAST_DEADLINE, "returned after {took:?}");
+    for proxy in &proxies[..3] {
+        proxy.stall(false);
+    }
+    for server in &servers {
+        eventually(ms(8_000), "the cut attempt cleaned up", async || {
+            !exists(server, "job").await
+        })
+        .await;
+    }
+    eventually(ms(8_000), "no background task left", async || {
+        redlock.background_tasks() == 0
+    })
+    .await;
+}
+
+/// Whether `server` stores `key`, asked over a fresh connection.
+async fn exists(server: &RedisServer, key: &str) -> bool {
+    let mut conn = support::connect(server).await;
+    let found: i64 = lockset::redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    found == 1
+}
