@@ -320,7 +320,8 @@ where
     }
 
     /// How many background tasks this client and its clones are running now: watchdogs,
-    /// releases of dropped [`Guard`](crate::Guard)s, clean-ups after cancelled obtains.
+    /// releases of dropped [`Guard`](crate::Guard)s, clean-ups after obtains that were cancelled
+    /// or got no reply.
     /// Zero once every lock is released and every clean-up is done.
     pub fn background_tasks(&self) -> usize {
         self.inner.tasks.count()
@@ -538,10 +539,10 @@ where
     /// Without a custom token every attempt gets a fresh random one, so a late clean-up of
     /// a failed attempt can never delete a later attempt's lock (on a slow Redlock master,
     /// say). A reply that never came (client-side timeout) leaves the outcome unknown: the
-    /// script may have locked the keys. So does dropping this future mid-flight. For a
-    /// random token, release by token then (before retrying or giving up, or in the
-    /// background when dropped). A custom token may already have held these keys before
-    /// this call, so they are left to expire with the TTL.
+    /// script may have locked the keys. So does dropping this future mid-flight (at the
+    /// deadline, or cancelled). For a random token, release by token then, in the
+    /// background: on the same connection, after the obtain. A custom token may already
+    /// have held these keys before this call, so they are left to expire with the TTL.
     async fn run(&self, how: Try) -> Step<Won> {
         let owner = match self.custom {
             Some(owner) => Cow::Borrowed(owner),
@@ -565,8 +566,11 @@ where
             .backend()
             .obtain(&claim, random, how.mark_holder)
             .await;
-        // Settled: no clean-up on drop from here on.
-        cleanup.attempt = None;
+        // No intact reply: the script may or may not have run. The clean-up goes on in the
+        // background, so that a server that does not answer delays nobody's deadline.
+        if !matches!(&outcome, Err(Error::Redis(err)) if is_outcome_unknown(err)) {
+            cleanup.attempt = None;
+        }
         drop(cleanup);
         match outcome {
             Ok(Obtain::Obtained { fence, .. }) => {
@@ -581,30 +585,16 @@ where
                 })
             }
             Ok(Obtain::Held { ttl, key }) => Step::Held(Held { ttl, key }),
-            // No intact reply: the script may or may not have run.
             Err(Error::Redis(err)) if is_outcome_unknown(&err) => {
-                if random {
-                    self.release_unknown(&claim).await;
-                }
                 Step::from_error(Error::UnknownOutcome(err))
             }
             Err(err) => Step::from_error(err),
         }
     }
-
-    /// Best-effort release after an obtain whose outcome is unknown.
-    async fn release_unknown(&self, claim: &Claim<'_>) {
-        match self.client.backend().clean_up(claim).await {
-            Ok(()) => tracing::debug!("cleaned up after an obtain timed out"),
-            Err(err) => tracing::warn!(
-                %err,
-                "clean-up after an obtain timed out failed; the keys expire with their TTL"
-            ),
-        }
-    }
 }
 
-/// Releases by token in the background when an attempt is dropped mid-flight.
+/// Releases by token in the background when an attempt is dropped mid-flight, or ends
+/// without an intact reply (random tokens only).
 struct CleanupOnDrop<'a, 'b, C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -625,7 +615,7 @@ where
         // Sent on the same connection after the obtain, so it runs after it.
         let spawned = tasks.spawn(async move {
             if let Err(err) = client.backend().clean_up(&claim.claim()).await {
-                tracing::warn!(%err, "clean-up after a cancelled obtain failed; the keys expire with their TTL");
+                tracing::warn!(%err, "clean-up after an obtain that was cancelled or got no reply failed; the keys expire with their TTL");
             }
         });
         if spawned.is_none() {

@@ -49,11 +49,13 @@ pub enum Error {
     InvalidInput(#[from] InvalidInput),
 
     /// No intact reply came while obtaining: the connection's response timeout passed, the
-    /// connection dropped, or the reply was cut off.
+    /// connection dropped, the reply was cut off, or the obtain's deadline passed while an
+    /// attempt still waited for Redis.
     ///
-    /// The script may still have run, so the outcome is unknown. Before returning this
-    /// error the client released the keys by the attempt's token (best effort, random tokens
-    /// only); whatever is left expires with the TTL.
+    /// The script may still have run, so the outcome is unknown. The client releases the
+    /// keys by the attempt's token in the background (best effort, random tokens only;
+    /// counted by [`Client::background_tasks`](crate::Client::background_tasks)); whatever
+    /// is left expires with the TTL. With a custom token, obtain again with it to find out.
     #[error("obtain got no reply from Redis ({0}); the outcome is unknown")]
     UnknownOutcome(#[source] redis::RedisError),
 

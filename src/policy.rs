@@ -186,7 +186,11 @@ where
         let how = Try {
             mark_holder: waiter.marking(),
         };
-        let (failure, held) = match attempt(how).await {
+        let Some(step) = until_deadline(deadline, attempt(how)).await else {
+            // The attempt, dropped, cleans up after itself in the background.
+            return Err(Error::UnknownOutcome(cut_at_deadline()));
+        };
+        let (failure, held) = match step {
             Step::Done(value) => {
                 waiter.used();
                 return Ok(value);
@@ -240,6 +244,27 @@ where
             return Err(at_deadline(failure));
         }
     }
+}
+
+/// Runs `attempt` to its end, or until the deadline passes (then `None`): an obtain never
+/// waits past its deadline for a server that does not answer.
+async fn until_deadline<T>(
+    deadline: Option<Instant>,
+    attempt: impl Future<Output = T>,
+) -> Option<T> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, attempt).await.ok(),
+        None => Some(attempt.await),
+    }
+}
+
+/// The error of an attempt still waiting for Redis when the deadline passed: its outcome is
+/// unknown, as with any reply that did not come in time.
+fn cut_at_deadline() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the obtain's deadline passed before Redis answered",
+    ))
 }
 
 /// The earlier of two optional instants (`None`: never).
