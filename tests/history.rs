@@ -45,15 +45,16 @@ fn seed() -> u64 {
     seed
 }
 
-/// Runs the topology `build` makes from the seed, for `percent` of the total time.
-async fn run<C>(percent: u64, build: impl AsyncFnOnce(u64) -> Setup<C>) -> Outcome
+/// Runs the topology `build` makes from the seed, for `length` (less when it finds a
+/// violation).
+async fn run<C>(length: Duration, build: impl AsyncFnOnce(u64) -> Setup<C>) -> Outcome
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let _one = ONE_AT_A_TIME.lock().await;
     let seed = seed();
     let setup = build(seed).await;
-    history::run(setup, seed, share(percent)).await
+    history::run(setup, seed, length).await
 }
 
 /// Prints the outcome and fails on anything it found.
@@ -69,14 +70,14 @@ fn report(outcome: &Outcome) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn single_server_history_is_safe() {
-    report(&run(30, topology::single).await);
+    report(&run(share(30), topology::single).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn redlock_history_with_delayed_restarts_is_safe() {
     report(
-        &run(30, async |seed| {
+        &run(share(30), async |seed| {
             topology::redlock(seed, Restart::Delayed).await
         })
         .await,
@@ -91,7 +92,9 @@ async fn redlock_history_with_delayed_restarts_is_safe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn redlock_history_without_delayed_restarts_is_unsafe() {
-    let outcome = run(15, async |seed| {
+    // It stops at the first violation, usually within seconds; give it time to find one.
+    let length = share(15).max(Duration::from_secs(40));
+    let outcome = run(length, async |seed| {
         topology::redlock(seed, Restart::Immediate).await
     })
     .await;
@@ -107,7 +110,7 @@ async fn redlock_history_without_delayed_restarts_is_unsafe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn cluster_history_is_safe() {
-    report(&run(25, topology::cluster).await);
+    report(&run(share(25), topology::cluster).await);
 }
 
 /// The schedules draw every kind of fault a topology allows (cheap: no servers).

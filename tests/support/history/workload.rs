@@ -77,8 +77,9 @@ where
         history: Arc<History>,
         fencing: bool,
     ) -> Self {
-        let rng =
-            SmallRng::seed_from_u64(seed.wrapping_add(0x9E37_79B9_7F4A_7C15 * (id as u64 + 1)));
+        let rng = SmallRng::seed_from_u64(
+            seed.wrapping_add(0x9E37_79B9_7F4A_7C15_u64.wrapping_mul(id as u64 + 1)),
+        );
         Self {
             id,
             client,
