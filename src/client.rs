@@ -9,14 +9,16 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::backend::Backend;
 use crate::error::{Error, InvalidInput, Result, is_outcome_unknown};
 use crate::events::Events;
 use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
+use crate::observe::{finished, op_span};
 use crate::options::Options;
-use crate::policy::{self, Held, Step, Try, Waiter};
+use crate::policy::{self, Held, Step, Try, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
 use crate::request::{Claim, Ttl};
 use crate::signal::LostSignal;
@@ -435,38 +437,57 @@ where
         options: &Options,
     ) -> Result<Lock<C>> {
         let start = Instant::now();
-        validate::keys(&keys)?;
+        let span = op_span!("lockset.obtain", &keys);
+        let mut watch = Watch::new(&keys, options.on_retry.as_ref());
+        let obtained = self
+            .try_obtain(&keys, ttl, options, start, &mut watch)
+            .instrument(span.clone())
+            .await;
+        finished(&span, watch.attempts, start, &obtained);
+        let won = obtained?;
+        let obtained = Obtained {
+            keys,
+            owner: won.owner,
+            metadata: options.metadata.clone(),
+            ttl: won.ttl,
+            fence: won.fence,
+            valid_until: won.valid_until,
+            stragglers: won.stragglers,
+        };
+        Ok(Lock::new(self.clone(), obtained))
+    }
+
+    /// Validates the request, then attempts per `options` until the lock is won.
+    async fn try_obtain(
+        &self,
+        keys: &[String],
+        ttl: Duration,
+        options: &Options,
+        start: Instant,
+        watch: &mut Watch<'_>,
+    ) -> Result<Won> {
+        validate::keys(keys)?;
         let ttl = Ttl::new(ttl)?;
         let custom = options.token.as_deref().map(Owner::custom).transpose()?;
-        let counter = self.fencing_counter(&keys, options)?;
+        let counter = self.fencing_counter(keys, options)?;
         #[cfg(feature = "cluster")]
         if self.inner.cluster {
-            crate::slots::check_one_slot(&keys, counter.as_deref())?;
+            crate::slots::check_one_slot(keys, counter.as_deref())?;
         }
         let attempt = Attempt {
             client: self,
-            keys: &keys,
+            keys,
             custom: custom.as_ref(),
             metadata: &options.metadata,
             ttl,
             counter: counter.as_deref(),
         };
         let deadline = options.deadline_from(start, ttl.duration);
-        let mut waiter = Waiter::for_keys(self.events(), &keys);
-        let won = policy::run(&options.retry, deadline, &mut waiter, |how| {
+        let mut waiter = Waiter::for_keys(self.events(), keys);
+        policy::run(&options.retry, deadline, &mut waiter, watch, |how| {
             attempt.run(how)
         })
-        .await?;
-        let obtained = Obtained {
-            keys,
-            owner: won.owner,
-            metadata: options.metadata.clone(),
-            ttl,
-            fence: won.fence,
-            valid_until: won.valid_until,
-            stragglers: won.stragglers,
-        };
-        Ok(Lock::new(self.clone(), obtained))
+        .await
     }
 
     /// The fencing counter key, when `options` ask for fencing tokens.
@@ -525,6 +546,7 @@ struct Attempt<'a, C> {
 /// A successful attempt.
 struct Won {
     owner: Owner,
+    ttl: Ttl,
     fence: Option<u64>,
     valid_until: Instant,
     stragglers: Stragglers,
@@ -579,6 +601,7 @@ where
                 let valid_until = sent.checked_add(valid_for).unwrap_or(sent);
                 Step::Done(Won {
                     owner: owner.into_owned(),
+                    ttl: self.ttl,
                     fence,
                     valid_until,
                     stragglers,

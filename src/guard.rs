@@ -154,17 +154,27 @@ where
         }
         let valid_until = lock.valid_until();
         if valid_until <= Instant::now() {
-            return; // Lost or released: the signal has fired.
+            // Released (no warning then), or lost: the signal has fired.
+            lock.found_lost("its validity ran out before the watchdog could refresh it");
+            return;
         }
         // A refresh still unanswered when the validity runs out cannot help any more.
         match tokio::time::timeout_at(valid_until, lock.refresh_with_own_ttl()).await {
             Ok(Ok(true)) => next = refresh_due(lock.valid_until(), ttl, every),
             Ok(Ok(false)) => return,
             Ok(Err(err)) => {
-                tracing::warn!(%err, "watchdog refresh failed; retrying while the lock is valid");
+                tracing::warn!(
+                    %err,
+                    keys = lock.keys().len(),
+                    key = %lock.key(),
+                    "watchdog refresh failed; retrying while the lock is valid"
+                );
                 next = Instant::now() + retry_after;
             }
-            Err(_) => return,
+            Err(_) => {
+                lock.found_lost("its validity ran out while the watchdog's refresh was unanswered");
+                return;
+            }
         }
     }
 }

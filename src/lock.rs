@@ -7,13 +7,15 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::events::{after_queueing, release_payload};
 use crate::guard::Guard;
+use crate::observe::{finished, op_span};
 use crate::options::Options;
-use crate::policy::{self, Step, Waiter};
+use crate::policy::{self, Step, Waiter, Watch};
 use crate::quorum::Stragglers;
 use crate::request::{Claim, Ttl};
 use crate::signal::LostSignal;
@@ -265,10 +267,17 @@ where
     /// ([`Error::Quorum`]) that leaves the validity alone.
     pub async fn ttl(&self) -> Result<Option<Duration>> {
         let sent = Instant::now();
+        let span = op_span!("lockset.ttl", &self.keys);
+        let left = self.ttl_once(sent).instrument(span.clone()).await;
+        finished(&span, 1, sent, &left);
+        left
+    }
+
+    async fn ttl_once(&self, sent: Instant) -> Result<Option<Duration>> {
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, self.ttl);
         let Some(left) = self.client.backend().pttl(&claim).await? else {
-            self.mark_lost();
+            self.found_lost("a TTL query found its keys gone or taken over");
             return Ok(None);
         };
         if left != Duration::MAX {
@@ -278,7 +287,7 @@ where
         }
         let remaining = self.valid_until().saturating_duration_since(Instant::now());
         if remaining.is_zero() {
-            self.mark_lost();
+            self.found_lost("its validity ran out");
             return Ok(None);
         }
         Ok(Some(left.min(remaining)))
@@ -299,10 +308,13 @@ where
         let start = Instant::now();
         let ttl = Ttl::new(ttl)?;
         let deadline = options.deadline_from(start, ttl.duration);
-        policy::run(
+        let span = op_span!("lockset.refresh", &self.keys);
+        let mut watch = Watch::new(&self.keys, options.on_retry.as_ref());
+        let refreshed = policy::run(
             &options.retry,
             deadline,
             &mut Waiter::sleeping(),
+            &mut watch,
             |_| async move {
                 match self.refresh_once(ttl).await {
                     Ok(true) => Step::Done(()),
@@ -311,7 +323,10 @@ where
                 }
             },
         )
-        .await
+        .instrument(span.clone())
+        .await;
+        finished(&span, watch.attempts, start, &refreshed);
+        refreshed
     }
 
     /// One refresh attempt; keeps the validity up to date.
@@ -332,7 +347,7 @@ where
         self.keep(stragglers);
         match &refreshed {
             Ok(true) => self.validity().confirmed(seq, until),
-            Ok(false) => self.mark_lost(),
+            Ok(false) => self.found_lost("a refresh found its keys gone or taken over"),
             // It may have run (on some masters): the cap taken when sending stays.
             Err(_) => {}
         }
@@ -350,6 +365,14 @@ where
     }
 
     pub(crate) async fn release_keys(&self) -> Result<()> {
+        let start = Instant::now();
+        let span = op_span!("lockset.release", &self.keys);
+        let released = self.release_once().instrument(span.clone()).await;
+        finished(&span, 1, start, &released);
+        released
+    }
+
+    async fn release_once(&self) -> Result<()> {
         self.mark_lost();
         self.settle().await;
         let value = self.owner.value(&self.metadata);
@@ -427,6 +450,19 @@ where
 
     fn mark_lost(&self) {
         self.validity().lost();
+    }
+
+    /// Marks the lock lost, with a warning the first time it is found lost.
+    pub(crate) fn found_lost(&self, why: &str) {
+        let first = {
+            let mut validity = self.validity();
+            let first = !validity.lost;
+            validity.lost();
+            first
+        };
+        if first {
+            tracing::warn!(keys = self.keys.len(), key = %self.key(), "lock lost: {why}");
+        }
     }
 }
 

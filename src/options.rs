@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::fencing::Fencing;
+use crate::observe::{OnRetry, RetryEvent};
 use crate::retry::Retry;
 
 /// How long an operation may keep retrying.
@@ -38,6 +39,7 @@ pub struct Options {
     pub(crate) token: Option<String>,
     pub(crate) fencing: Option<Fencing>,
     pub(crate) watchdog_interval: Option<Duration>,
+    pub(crate) on_retry: Option<OnRetry>,
     limit: Option<Limit>,
 }
 
@@ -113,6 +115,30 @@ impl Options {
         self
     }
 
+    /// Calls `callback` before each retry of an obtain or refresh, with the attempt that
+    /// failed, what blocked it (the held key and its holder's remaining TTL, or the error)
+    /// and the longest the caller will wait: for metrics without `tracing`. It runs on the
+    /// caller's task, so keep it short. The same is logged as a `lockset::retry` debug event.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use lockset::{Blocked, Options};
+    ///
+    /// let held = Arc::new(AtomicU64::new(0));
+    /// let counter = held.clone();
+    /// let options = Options::default().on_retry(move |event| {
+    ///     if let Blocked::Held { .. } = event.blocked {
+    ///         counter.fetch_add(1, Ordering::Relaxed);
+    ///     }
+    /// });
+    /// ```
+    #[must_use]
+    pub fn on_retry(mut self, callback: impl Fn(&RetryEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_retry = Some(OnRetry::new(callback));
+        self
+    }
+
     /// When a call that started at `start` must stop retrying; `None` when that lies
     /// beyond what `Instant` can represent.
     pub(crate) fn deadline_from(&self, start: Instant, ttl: Duration) -> Option<Instant> {
@@ -132,6 +158,7 @@ impl fmt::Debug for Options {
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("fencing", &self.fencing)
             .field("watchdog_interval", &self.watchdog_interval)
+            .field("on_retry", &self.on_retry)
             .field("limit", &self.limit)
             .finish()
     }

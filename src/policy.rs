@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::events::{Events, Subscription};
+use crate::observe::{Blocked, OnRetry, RetryEvent, retrying};
 use crate::retry::{Retry, RetryStrategy as _};
 use crate::slots::release_channel;
 
@@ -174,6 +175,7 @@ pub(crate) async fn run<T, F, Fut>(
     retry: &Retry,
     deadline: Option<Instant>,
     waiter: &mut Waiter<'_>,
+    watch: &mut Watch<'_>,
     mut attempt: F,
 ) -> Result<T>
 where
@@ -186,6 +188,7 @@ where
         let how = Try {
             mark_holder: waiter.marking(),
         };
+        watch.attempts += 1;
         let Some(step) = until_deadline(deadline, attempt(how)).await else {
             // The attempt, dropped, cleans up after itself in the background.
             return Err(Error::UnknownOutcome(cut_at_deadline()));
@@ -224,6 +227,7 @@ where
                 return Err(at_deadline(failure));
             }
             rechecked = true;
+            watch.retrying(&failure, Some(held), Duration::ZERO);
             continue;
         }
         rechecked = false;
@@ -239,6 +243,10 @@ where
             // Nothing can wake us before the deadline.
             return Err(at_deadline(failure));
         }
+        let delay = until.map_or(delay, |until| {
+            until.saturating_duration_since(Instant::now())
+        });
+        watch.retrying(&failure, held, delay);
         let woken = waiter.wait(until).await;
         if !woken && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             return Err(at_deadline(failure));
@@ -246,14 +254,58 @@ where
     }
 }
 
-/// Runs `attempt` to its end, or until the deadline passes (then `None`): an obtain never
-/// waits past its deadline for a server that does not answer.
+/// What the policy reports as it goes: how many attempts it made, and each retry (as a
+/// debug event and to the caller's callback).
+pub(crate) struct Watch<'a> {
+    keys: &'a [String],
+    on_retry: Option<&'a OnRetry>,
+    /// The attempts made so far.
+    pub(crate) attempts: u32,
+}
+
+impl<'a> Watch<'a> {
+    /// Watches an operation on `keys`, calling `on_retry` before each retry.
+    pub(crate) fn new(keys: &'a [String], on_retry: Option<&'a OnRetry>) -> Self {
+        Self {
+            keys,
+            on_retry,
+            attempts: 0,
+        }
+    }
+
+    fn retrying(&self, failure: &Error, held: Option<Held>, delay: Duration) {
+        let blocked = match held {
+            Some(held) => Blocked::Held {
+                key: self.keys.get(held.key).map_or("", String::as_str),
+                ttl: held.ttl,
+            },
+            None => Blocked::Failed(failure),
+        };
+        let event = RetryEvent {
+            attempt: self.attempts,
+            blocked,
+            delay,
+        };
+        retrying(&event, self.on_retry);
+    }
+}
+
+/// How long past the deadline an attempt already on its way may take to get its answer: a
+/// zero timeout still tries once, and an attempt started just before the deadline is not
+/// wasted; a server that does not answer delays the caller by no more than this.
+const ATTEMPT_GRACE: Duration = Duration::from_millis(100);
+
+/// Runs `attempt` to its end, or gives it up (then `None`) once both the deadline and
+/// [`ATTEMPT_GRACE`] from now have passed.
 async fn until_deadline<T>(
     deadline: Option<Instant>,
     attempt: impl Future<Output = T>,
 ) -> Option<T> {
     match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline, attempt).await.ok(),
+        Some(deadline) => {
+            let limit = deadline.max(Instant::now() + ATTEMPT_GRACE);
+            tokio::time::timeout_at(limit, attempt).await.ok()
+        }
         None => Some(attempt.await),
     }
 }

@@ -900,3 +900,14 @@ async fn exists(server: &RedisServer, key: &str) -> bool {
         .unwrap();
     found == 1
 }
+
+#[tokio::test]
+async fn a_zero_timeout_still_tries_once() {
+    let env = Env::start().await;
+    let options = Options::default().timeout(Duration::ZERO);
+    let lock = env.client.obtain("job", ms(5_000), &options).await.unwrap();
+    let other = env.other_client().await;
+    let err = other.obtain("job", ms(5_000), &options).await.unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    lock.release().await.unwrap();
+}
