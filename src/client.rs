@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -21,6 +21,7 @@ use crate::options::Options;
 use crate::policy::{self, Held, Step, Try, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
 use crate::request::{Claim, Ttl};
+use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
 use crate::tasks::Tasks;
@@ -52,23 +53,7 @@ use crate::value::Owner;
 pub struct Client<C> {
     // One allocation shared by every clone and every lock: cloning a client (each lock
     // holds one) costs a single reference-count increment.
-    inner: Arc<Inner<C>>,
-}
-
-struct Inner<C> {
-    backend: Backend<C>,
-    /// A Redis Cluster: all keys of a lock must share a slot.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    cluster: bool,
-    tasks: Tasks,
-    /// Release events this client's waiters listen to: one server's, or each master's.
-    events: OnceLock<Box<[Events]>>,
-    /// Whether waiters listen to `events` ([`Client::without_release_events`] turns it off).
-    listen: AtomicBool,
-    /// Whether releases are announced.
-    announce: AtomicBool,
-    /// The server's address, when known (to refuse one server twice in a quorum).
-    address: OnceLock<String>,
+    inner: Arc<Shared<C>>,
 }
 
 impl<C> Clone for Client<C> {
@@ -156,15 +141,7 @@ where
 
     fn with_backend(backend: Backend<C>, cluster: bool, tasks: Tasks) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                backend,
-                cluster,
-                tasks,
-                events: OnceLock::new(),
-                listen: AtomicBool::new(true),
-                announce: AtomicBool::new(true),
-                address: OnceLock::new(),
-            }),
+            inner: Arc::new(Shared::new(backend, cluster, tasks)),
         }
     }
 
@@ -454,7 +431,7 @@ where
             valid_until: won.valid_until,
             stragglers: won.stragglers,
         };
-        Ok(Lock::new(self.clone(), obtained))
+        Ok(Lock::new(self.inner.clone(), obtained))
     }
 
     /// Validates the request, then attempts per `options` until the lock is won.
@@ -510,25 +487,15 @@ where
     }
 
     pub(crate) fn backend(&self) -> &Backend<C> {
-        &self.inner.backend
+        self.inner.backend()
     }
 
     pub(crate) fn tasks(&self) -> &Tasks {
-        &self.inner.tasks
+        self.inner.tasks()
     }
 
-    /// The release events this client's waiters listen to (none when turned off): one
-    /// server's, or each master's of a quorum.
     pub(crate) fn events(&self) -> &[Events] {
-        match self.inner.events.get() {
-            Some(events) if self.inner.listen.load(Ordering::Relaxed) => events,
-            _ => &[],
-        }
-    }
-
-    /// Whether this client's releases announce themselves.
-    pub(crate) fn announces(&self) -> bool {
-        self.inner.announce.load(Ordering::Relaxed)
+        self.inner.events()
     }
 }
 

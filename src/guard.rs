@@ -51,7 +51,7 @@ where
         let lock = Arc::new(lock);
         let watchdog = refresh_every.and_then(|every| {
             let (stop, stopped) = oneshot::channel();
-            let tasks = lock.client().tasks();
+            let tasks = lock.shared().tasks();
             let task = tasks.spawn(keep_alive(lock.clone(), every, stopped))?;
             Some(Watchdog { stop, task })
         });
@@ -109,7 +109,7 @@ where
             return;
         }
         let (lock, watchdog) = (self.lock.clone(), self.watchdog.take());
-        let tasks = lock.client().tasks().clone();
+        let tasks = lock.shared().tasks().clone();
         let released = tasks.spawn(async move {
             if let Some(watchdog) = watchdog {
                 watchdog.stop().await;
@@ -134,6 +134,33 @@ where
             .field("lock", &self.lock)
             .field("watchdog", &self.watchdog.is_some())
             .finish()
+    }
+}
+
+// Turning a lock into a guard belongs with the guard: the lock knows nothing of guards.
+impl<C> Lock<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Turns the lock into a [`Guard`] that releases it when dropped, without a watchdog.
+    pub fn into_guard(self) -> Guard<C> {
+        Guard::new(self, None)
+    }
+
+    /// Turns the lock into a [`Guard`] whose watchdog refreshes it every third of its TTL
+    /// until the guard is released or dropped.
+    pub fn keep_alive(self) -> Guard<C> {
+        let every = self.obtained_ttl() / 3;
+        self.keep_alive_every(every)
+    }
+
+    /// Like [`Lock::keep_alive`], refreshing every `interval`, clamped to between 1 ms and
+    /// half the TTL (so that a failed refresh can be retried before the lock expires).
+    pub fn keep_alive_every(self, interval: Duration) -> Guard<C> {
+        let interval = interval
+            .min(self.obtained_ttl() / 2)
+            .max(Duration::from_millis(1));
+        Guard::new(self, Some(interval))
     }
 }
 

@@ -87,6 +87,7 @@ mod quorum;
 mod request;
 mod retry;
 mod scripts;
+mod shared;
 mod signal;
 mod slots;
 mod store;

@@ -1,7 +1,7 @@
 //! A held lock: its keys and token, and the operations only its owner may perform.
 
 use std::fmt;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -9,15 +9,14 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::events::{after_queueing, release_payload};
-use crate::guard::Guard;
 use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::policy::{self, Step, Waiter, Watch};
 use crate::quorum::Stragglers;
 use crate::request::{Claim, Ttl};
+use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::slots::release_channel;
 use crate::value::Owner;
@@ -27,10 +26,10 @@ use crate::value::Owner;
 ///
 /// Dropping a `Lock` does not release it: the keys expire with their TTL. Call
 /// [`Lock::release`] to free them early and to learn whether they were still ours, or turn
-/// it into a [`Guard`] that releases on drop and can keep the lock alive.
+/// it into a [`Guard`](crate::Guard) that releases on drop and can keep the lock alive.
 /// `Debug` output never shows the token.
 pub struct Lock<C> {
-    client: Client<C>,
+    shared: Arc<Shared<C>>,
     keys: Vec<String>,
     owner: Owner,
     metadata: String,
@@ -125,9 +124,9 @@ impl<C> Lock<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    pub(crate) fn new(client: Client<C>, obtained: Obtained) -> Self {
+    pub(crate) fn new(shared: Arc<Shared<C>>, obtained: Obtained) -> Self {
         Self {
-            client,
+            shared,
             keys: obtained.keys,
             owner: obtained.owner,
             metadata: obtained.metadata,
@@ -254,7 +253,7 @@ where
 
     /// The moment `sent` plus `ttl`, less the backend's drift allowance.
     fn valid_for(&self, sent: Instant, ttl: Duration) -> Instant {
-        let valid_for = ttl.saturating_sub(self.client.backend().drift(ttl));
+        let valid_for = ttl.saturating_sub(self.shared.backend().drift(ttl));
         sent.checked_add(valid_for).unwrap_or(sent)
     }
 
@@ -276,7 +275,7 @@ where
     async fn ttl_once(&self, sent: Instant) -> Result<Option<Duration>> {
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, self.ttl);
-        let Some(left) = self.client.backend().pttl(&claim).await? else {
+        let Some(left) = self.shared.backend().pttl(&claim).await? else {
             self.found_lost("a TTL query found its keys gone or taken over");
             return Ok(None);
         };
@@ -343,7 +342,7 @@ where
         };
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, ttl);
-        let (refreshed, stragglers) = self.client.backend().refresh(&claim).await;
+        let (refreshed, stragglers) = self.shared.backend().refresh(&claim).await;
         self.keep(stragglers);
         match &refreshed {
             Ok(true) => self.validity().confirmed(seq, until),
@@ -377,16 +376,16 @@ where
         self.settle().await;
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, self.ttl);
-        let events = self.client.events();
+        let events = self.shared.events();
         // A payload names the release when a local waiter is handed the lock (its
         // announcement is then skipped), and on a quorum (whose masters each announce it).
-        let named = self.client.backend().is_quorum() || events.iter().any(|e| e.channels() > 0);
+        let named = self.shared.backend().is_quorum() || events.iter().any(|e| e.channels() > 0);
         let payload = match () {
-            () if !self.client.announces() => None,
+            () if !self.shared.announces() => None,
             () if named => Some(release_payload()),
             () => Some(String::new()),
         };
-        let release = self.client.backend().release(&claim, payload.as_deref());
+        let release = self.shared.backend().release(&claim, payload.as_deref());
         let released = match (events, &payload) {
             // A waiter of this very client: hand over as soon as the release is on its way.
             ([events], Some(payload)) if events.channels() > 0 => {
@@ -413,27 +412,6 @@ where
         }
     }
 
-    /// Turns the lock into a [`Guard`] that releases it when dropped, without a watchdog.
-    pub fn into_guard(self) -> Guard<C> {
-        Guard::new(self, None)
-    }
-
-    /// Turns the lock into a [`Guard`] whose watchdog refreshes it every third of its TTL
-    /// until the guard is released or dropped.
-    pub fn keep_alive(self) -> Guard<C> {
-        let every = self.ttl.duration / 3;
-        self.keep_alive_every(every)
-    }
-
-    /// Like [`Lock::keep_alive`], refreshing every `interval`, clamped to between 1 ms and
-    /// half the TTL (so that a failed refresh can be retried before the lock expires).
-    pub fn keep_alive_every(self, interval: Duration) -> Guard<C> {
-        let interval = interval
-            .min(self.ttl.duration / 2)
-            .max(Duration::from_millis(1));
-        Guard::new(self, Some(interval))
-    }
-
     /// Refreshes once with the TTL the lock was obtained with (for the watchdog).
     pub(crate) async fn refresh_with_own_ttl(&self) -> Result<bool> {
         self.refresh_once(self.ttl).await
@@ -444,8 +422,8 @@ where
         self.ttl.duration
     }
 
-    pub(crate) fn client(&self) -> &Client<C> {
-        &self.client
+    pub(crate) fn shared(&self) -> &Shared<C> {
+        &self.shared
     }
 
     fn mark_lost(&self) {

@@ -1,0 +1,62 @@
+//! What a client, its clones and every lock it made share: the backend, the background
+//! tasks, and the release events.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::backend::Backend;
+use crate::events::Events;
+use crate::tasks::Tasks;
+
+/// The state behind a [`Client`](crate::Client), shared by its clones and its locks.
+pub(crate) struct Shared<C> {
+    pub(crate) backend: Backend<C>,
+    /// A Redis Cluster: all keys of a lock must share a slot.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) cluster: bool,
+    pub(crate) tasks: Tasks,
+    /// Release events this client's waiters listen to: one server's, or each master's.
+    pub(crate) events: OnceLock<Box<[Events]>>,
+    /// Whether waiters listen to `events` (`Client::without_release_events` turns it off).
+    pub(crate) listen: AtomicBool,
+    /// Whether releases are announced.
+    pub(crate) announce: AtomicBool,
+    /// The server's address, when known (to refuse one server twice in a quorum).
+    pub(crate) address: OnceLock<String>,
+}
+
+impl<C> Shared<C> {
+    pub(crate) fn new(backend: Backend<C>, cluster: bool, tasks: Tasks) -> Self {
+        Self {
+            backend,
+            cluster,
+            tasks,
+            events: OnceLock::new(),
+            listen: AtomicBool::new(true),
+            announce: AtomicBool::new(true),
+            address: OnceLock::new(),
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &Backend<C> {
+        &self.backend
+    }
+
+    pub(crate) fn tasks(&self) -> &Tasks {
+        &self.tasks
+    }
+
+    /// The release events this client's waiters listen to (none when turned off): one
+    /// server's, or each master's of a quorum.
+    pub(crate) fn events(&self) -> &[Events] {
+        match self.events.get() {
+            Some(events) if self.listen.load(Ordering::Relaxed) => events,
+            _ => &[],
+        }
+    }
+
+    /// Whether this client's releases announce themselves.
+    pub(crate) fn announces(&self) -> bool {
+        self.announce.load(Ordering::Relaxed)
+    }
+}
