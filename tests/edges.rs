@@ -6,29 +6,16 @@ mod support;
 
 use std::time::Duration;
 
-use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use lockset::{Client, Error, InvalidInput, Options, QuorumConfig, Retry};
 use support::masters::Masters;
 use support::proxy::Proxy;
-use support::{Env, RedisServer, eventually, ms};
+use support::{Env, RedisServer, client_with_timeout, eventually, ms};
 use tokio::time::Instant;
 
 fn patient() -> Options {
     Options::default()
         .retry(Retry::linear(ms(50)))
         .timeout(Duration::from_secs(20))
-}
-
-/// A lock client over `url` whose replies time out after `timeout`.
-async fn client_with_timeout(url: &str, timeout: Duration) -> Client<ConnectionManager> {
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(timeout))
-        .set_connection_timeout(Some(ms(1_000)));
-    let conn =
-        ConnectionManager::new_with_config(lockset::redis::Client::open(url).unwrap(), config)
-            .await
-            .unwrap();
-    Client::new(conn)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -7,10 +7,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use lockset::{Blocked, Client, Error, Options, Retry};
+use lockset::{Blocked, Error, Options, Retry};
 use support::proxy::Proxy;
-use support::{Env, RedisServer, eventually, ms};
+use support::{Env, RedisServer, client_with_timeout, eventually, ms};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Subscriber};
@@ -266,16 +265,7 @@ async fn a_lock_found_lost_is_a_warning_once() {
 async fn a_failed_watchdog_refresh_is_a_warning() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port()).await;
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(ms(100)))
-        .set_connection_timeout(Some(ms(1_000)));
-    let conn = ConnectionManager::new_with_config(
-        lockset::redis::Client::open(proxy.url()).unwrap(),
-        config,
-    )
-    .await
-    .unwrap();
-    let client = Client::new(conn);
+    let client = client_with_timeout(&proxy.url(), ms(100)).await;
     let (capture, _guard) = capture();
     let guard = client
         .obtain("job", ms(10_000), &Options::default())

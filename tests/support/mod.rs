@@ -10,7 +10,7 @@ pub mod server;
 use std::time::Duration;
 
 use lockset::Client;
-use lockset::redis::aio::{ConnectionManager, MultiplexedConnection};
+use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use lockset::redis::{self, AsyncConnectionConfig};
 pub use server::RedisServer;
 
@@ -95,6 +95,19 @@ impl Env {
             .and_then(|rest| rest.split(',').next())
             .map_or(0, |n| n.parse().expect("calls count"))
     }
+}
+
+/// A lock client over `url` (a server, or a proxy in front of one) whose replies time out
+/// after `timeout`, reconnecting after a drop.
+pub async fn client_with_timeout(url: &str, timeout: Duration) -> Client<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(timeout))
+        .set_connection_timeout(Some(ms(1_000)));
+    let client = redis::Client::open(url).expect("url");
+    let conn = ConnectionManager::new_with_config(client, config)
+        .await
+        .expect("connect");
+    Client::new(conn)
 }
 
 /// A plain multiplexed connection to `server`.
