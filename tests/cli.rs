@@ -535,6 +535,15 @@ fn acquire_refresh_release_and_status_round_trip() {
         "{status}"
     );
     assert_eq!(status["keys"][0]["metadata"], "deploy-42", "{status}");
+    // A shorter TTL shortens: refresh sets the TTL, as the library's does.
+    let out =
+        finish(lockset(&urls).args(["refresh", "--token", &token, "--ttl", "5s", "db", "cache"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let status = status_json(&urls, &["db", "cache"]);
+    for key in status["keys"].as_array().expect("keys") {
+        let ttl = key["ttl_ms"].as_u64().expect("ttl");
+        assert!(ttl > 0 && ttl <= 5_000, "{status}");
+    }
     for op in ["refresh", "release"] {
         let out = finish(lockset(&urls).args([op, "--token", "wrong", "db", "cache"]));
         assert_eq!(out.code, Some(70), "{op}: {out:?}");
