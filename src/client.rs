@@ -352,6 +352,82 @@ where
         self.obtain_keys(keys, ttl, options).await
     }
 
+    /// A handle on the lock that `options`' token holds on `keys` now, made elsewhere: by
+    /// another process that passed the token on, or before a restart. Nothing is written:
+    /// one TTL query checks that every key is held by the token, and the handle's validity
+    /// counts from when it was sent, for the smallest remaining TTL. `ttl` is what its
+    /// refreshes (and a guard's watchdog) extend to; its metadata is `options`' metadata.
+    /// The handle has no fencing token.
+    ///
+    /// Unlike a re-obtain by the same token, this never takes keys that are free: a lock
+    /// that expired stays lost.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: lockset::Client<lockset::redis::aio::ConnectionManager>, token: String) -> Result<(), lockset::Error> {
+    /// use std::time::Duration;
+    /// use lockset::Options;
+    ///
+    /// let options = Options::default().token(token);
+    /// let lock = client.adopt(["db", "cache"], Duration::from_secs(30), &options).await?;
+    /// lock.refresh(Duration::from_secs(30), &Options::default()).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when some key is missing or held by someone else;
+    /// [`InvalidInput::TokenRequired`] without a token in `options`; other invalid input as
+    /// for [`Client::obtain_multi`]; [`Error::Redis`] or [`Error::Quorum`] when Redis could
+    /// not answer.
+    pub async fn adopt<I>(&self, keys: I, ttl: Duration, options: &Options) -> Result<Lock<C>>
+    where
+        I: IntoIterator,
+        I::Item: IntoKey,
+    {
+        let keys: Vec<String> = keys.into_iter().map(IntoKey::into_key).collect();
+        validate::keys(&keys)?;
+        let ttl = Ttl::new(ttl)?;
+        let token = options
+            .token
+            .as_deref()
+            .ok_or(InvalidInput::TokenRequired)?;
+        let owner = Owner::custom(token)?;
+        #[cfg(feature = "cluster")]
+        if self.inner.cluster {
+            crate::slots::check_one_slot(&keys, None)?;
+        }
+        let value = owner.value(&options.metadata);
+        let claim = Claim {
+            keys: &keys,
+            owner: &owner,
+            value: &value,
+            ttl,
+            counter: None,
+        };
+        let sent = Instant::now();
+        let Some(left) = self.backend().pttl(&claim).await? else {
+            return Err(Error::NotHeld);
+        };
+        // Keys without expiry are held until released: count on the TTL to come.
+        let left = if left == Duration::MAX {
+            ttl.duration
+        } else {
+            left
+        };
+        let valid_for = left.saturating_sub(self.backend().drift(left));
+        let obtained = Obtained {
+            keys,
+            owner,
+            metadata: options.metadata.clone(),
+            ttl,
+            fence: None,
+            valid_until: sent.checked_add(valid_for).unwrap_or(sent),
+            stragglers: Vec::new(),
+        };
+        Ok(Lock::new(self.inner.clone(), obtained))
+    }
+
     /// Obtains `keys`, runs `work` while a watchdog keeps the lock alive, then releases the
     /// lock and returns `work`'s output.
     ///

@@ -371,6 +371,9 @@ pub enum InvalidInput {
     /// A custom token is the empty string.
     #[error("invalid input: the custom token is empty")]
     EmptyToken,
+    /// [`Client::adopt`](crate::Client::adopt) needs the token of the lock to adopt.
+    #[error("invalid input: adopting a lock needs its token (Options::token)")]
+    TokenRequired,
 }
 
 /// Shorthand for results of this crate.

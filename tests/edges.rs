@@ -898,3 +898,104 @@ async fn a_zero_timeout_still_tries_once() {
     assert!(err.is_not_obtained(), "{err:?}");
     lock.release().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------
+// 8. Adopting a lock by its token (another process passed it on): nothing is written, and
+//    a lock that expired stays lost.
+
+#[tokio::test]
+async fn an_adopted_lock_refreshes_to_a_shorter_ttl_and_releases() {
+    let env = Env::start().await;
+    let lock = env
+        .client
+        .obtain_multi(
+            ["db", "cache"],
+            ms(60_000),
+            &Options::default().metadata("m"),
+        )
+        .await
+        .unwrap();
+    let other = env.other_client().await;
+    let options = Options::default().token(lock.token()).metadata("m");
+    let sent = Instant::now();
+    let adopted = other
+        .adopt(["db", "cache"], ms(30_000), &options)
+        .await
+        .unwrap();
+    assert!(adopted.valid_until() <= sent + ms(60_000));
+    assert!(adopted.valid_until() > sent + ms(50_000));
+    assert_eq!(adopted.token(), lock.token());
+    assert_eq!(adopted.fencing_token(), None);
+    adopted
+        .refresh(ms(5_000), &Options::default())
+        .await
+        .unwrap();
+    let left: i64 = env.cmd(&["PTTL", "db"]).await;
+    assert!(left > 0 && left <= 5_000, "{left}");
+    adopted.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0);
+    assert!(matches!(lock.release().await, Err(Error::NotHeld)));
+}
+
+#[tokio::test]
+async fn adopting_takes_nothing_that_the_token_does_not_hold() {
+    let env = Env::start().await;
+    let lock = env
+        .client
+        .obtain("db", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let token = Options::default().token(lock.token());
+    // One key expired (or was never taken): nothing is created.
+    let err = env
+        .client
+        .adopt(["db", "cache"], ms(10_000), &token)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotHeld), "{err:?}");
+    assert!(!env.exists("cache").await);
+    // Another owner's lock.
+    let err = env
+        .client
+        .adopt(
+            ["db"],
+            ms(10_000),
+            &Options::default().token("not-the-token"),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotHeld), "{err:?}");
+    let err = env
+        .client
+        .adopt(["db"], ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::TokenRequired)),
+        "{err:?}"
+    );
+    lock.release().await.unwrap();
+    let err = env
+        .client
+        .adopt(["db"], ms(10_000), &token)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotHeld), "{err:?}");
+    assert_eq!(env.dbsize().await, 0);
+}
+
+#[tokio::test]
+async fn a_redlock_lock_is_adopted_on_a_majority() {
+    let m = Masters::start(config()).await;
+    let lock = m
+        .redlock
+        .obtain("job", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    let token = Options::default().token(lock.token());
+    let adopted = m.redlock.adopt(["job"], ms(30_000), &token).await.unwrap();
+    // Redlock's drift allowance applies to an adopted lock's validity too.
+    assert!(adopted.valid_until() < Instant::now() + ms(30_000));
+    adopted.release().await.unwrap();
+    assert_eq!(m.dbsizes(0..5).await, vec![0; 5]);
+}

@@ -1,12 +1,11 @@
 //! `acquire`, `refresh` and `release`: a lock held across the steps of a shell script,
 //! named by its token.
 //!
-//! The library has no way to rebuild a lock from its token. `refresh` and `release` check
-//! that every key holds the token, then re-obtain the lock with the token
-//! ([`Options::token`]: a re-obtain succeeds only when each key is free or already ours),
-//! and refresh or release what they got. The check keeps a lock that expired from being
-//! taken anew and reported as refreshed; between the check and the re-obtain a lock that
-//! expires is obtained again by its last owner, which nobody else could have held.
+//! `refresh` and `release` adopt the lock by its token ([`Client::adopt`]: one TTL query,
+//! nothing written, a lock that expired stays lost), then refresh or release it. Before
+//! that they read the keys, to say who holds them when the token does not.
+//!
+//! [`Client::adopt`]: lockset::Client::adopt
 
 use std::io::Write as _;
 use std::time::Duration;
@@ -23,7 +22,7 @@ use crate::obtain;
 use crate::signals::Signals;
 use crate::ui::Ui;
 
-/// The TTL of the short-lived re-obtain before a release, for keys without expiry.
+/// The TTL a released lock's handle is adopted with (it is released at once).
 const RELEASE_TTL: Duration = Duration::from_secs(30);
 
 /// Obtains the lock and prints its token (and fencing token) on stdout.
@@ -66,8 +65,12 @@ where
         Some(metadata) => metadata.clone(),
         None => holders_metadata(&keys, &args.token),
     };
-    reobtain(redis, &args.keys, &args.token, &metadata, args.ttl).await?;
-    Ok(0)
+    let lock = adopt(redis, &args.keys, &args.token, &metadata, args.ttl).await?;
+    match lock.refresh(args.ttl, &Options::default()).await {
+        Ok(()) => Ok(0),
+        Err(err) if err.is_not_obtained() => Err(not_held("it expired or was taken over")),
+        Err(err) => Err(Failure::from_error(&err)),
+    }
 }
 
 /// Releases the lock held by `--token`.
@@ -77,14 +80,7 @@ where
 {
     let keys = held_by(redis, &args.keys, &args.token).await?;
     let metadata = holders_metadata(&keys, &args.token);
-    // Keep the keys' expiry: if the release below never arrives, they go as they would have.
-    let ttl = keys
-        .iter()
-        .map(|key| key.ttl().unwrap_or(RELEASE_TTL))
-        .min()
-        .unwrap_or(RELEASE_TTL)
-        .max(Duration::from_millis(1));
-    let lock = reobtain(redis, &args.keys, &args.token, &metadata, ttl).await?;
+    let lock = adopt(redis, &args.keys, &args.token, &metadata, RELEASE_TTL).await?;
     match lock.release().await {
         Ok(()) => Ok(0),
         Err(err) if err.is_not_held() => Err(not_held(&err.to_string())),
@@ -108,8 +104,8 @@ where
     Ok(seen)
 }
 
-/// Obtains `keys` again with `token`.
-async fn reobtain<C>(
+/// A handle on the lock that `token` holds on `keys`.
+async fn adopt<C>(
     redis: &Redis<C>,
     keys: &[String],
     token: &str,
@@ -120,13 +116,9 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let options = Options::default().token(token).metadata(metadata);
-    match redis
-        .client
-        .obtain_multi(keys.iter().cloned(), ttl, &options)
-        .await
-    {
+    match redis.client.adopt(keys.iter(), ttl, &options).await {
         Ok(lock) => Ok(lock),
-        Err(err) if exit::is_conflict(&err) => Err(not_held("it was taken over")),
+        Err(err) if err.is_not_held() => Err(not_held("it expired or was taken over")),
         Err(err) => Err(Failure::from_error(&err)),
     }
 }
