@@ -112,8 +112,13 @@ async fn one_redlock_release_wakes_one_waiter_of_a_client_not_one_per_master() {
     // try there, when that master had not yet run the release it was told of by another.)
     let retries = Arc::new(AtomicUsize::new(0));
     let counted = retries.clone();
-    let options = slow_polling().on_retry(move |_| {
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let logged = log.clone();
+    let start = Instant::now();
+    let options = slow_polling().on_retry(move |event| {
         counted.fetch_add(1, Ordering::SeqCst);
+        let line = format!("{:?} {:?}", start.elapsed(), event.blocked);
+        logged.lock().unwrap().push(line);
     });
     let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
     let mut waiters = Vec::new();
@@ -141,7 +146,10 @@ async fn one_redlock_release_wakes_one_waiter_of_a_client_not_one_per_master() {
     tokio::time::sleep(ms(500)).await;
     let before = retries.load(Ordering::SeqCst);
     held.release().await.unwrap();
-    let won = timeout(ms(10_000), finished.recv()).await.expect("woken");
+    let released = start.elapsed();
+    let won = timeout(ms(10_000), finished.recv())
+        .await
+        .unwrap_or_else(|_| panic!("nobody woken; released at {released:?}; {log:#?}"));
     assert_eq!(won, Some(true));
     // A herd would show as waiters that woke, found the lock taken, and retried.
     tokio::time::sleep(ms(1_500)).await;
@@ -594,4 +602,57 @@ async fn a_waiter_never_marks_a_foreign_value_that_only_looks_like_a_lock() {
         .unwrap_err();
     assert!(err.is_not_obtained());
     assert_eq!(env.get("meeting").await.as_deref(), Some("10:30 room 4"));
+}
+
+// ---------------------------------------------------------------------------------------
+// A Redlock release lands on the masters at different times: the first announcement wakes
+// a waiter whose attempt still finds the lock on a majority; the later announcements of
+// the same release must wake it again, although each release wakes one waiter.
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_waiter_woken_too_early_is_woken_again_by_the_later_masters() {
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(2_000))).await;
+    let mut proxies = Vec::new();
+    let mut holders = Vec::new();
+    for (i, server) in m.servers.iter().enumerate() {
+        let url = if i < 2 {
+            server.url()
+        } else {
+            let proxy = Proxy::start(server.port()).await;
+            let url = proxy.url();
+            proxies.push(proxy);
+            url
+        };
+        holders.push(Client::connect(&url).await.unwrap());
+    }
+    let holder = Client::quorum(holders, QuorumConfig::default().node_timeout(ms(2_000))).unwrap();
+    let held = holder
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let r = m.redlock.clone();
+        async move { r.obtain("job", ms(60_000), &slow_polling()).await }
+    });
+    eventually(ms(10_000), "marked everywhere", async || {
+        let mut n = 0;
+        for i in 0..5 {
+            n += usize::from(m.get(i, "job").await.is_some_and(|v| v.starts_with('!')));
+        }
+        n == 5
+    })
+    .await;
+    // The release reaches masters 2, 3 and 4 (a majority) 150 ms after 0 and 1.
+    for proxy in &proxies {
+        proxy.set_latency(ms(150));
+    }
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let obtained = timeout(ms(5_000), waiter)
+        .await
+        .expect("woken by the later masters' announcements, not by its 15 s poll")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < ms(5_000));
+    obtained.release().await.unwrap();
 }
