@@ -175,38 +175,95 @@ impl ChannelState {
 /// One announcement: the channel it came on and its payload.
 type Announcement = (String, Box<[u8]>);
 
-/// The announcements heard lately: when each was first heard, oldest first.
-type Recent = (HashMap<Announcement, Instant>, VecDeque<Announcement>);
+/// What a quorum's listeners know of one release.
+struct Release {
+    first_heard: Instant,
+    /// How many masters announced it so far.
+    heard: u32,
+    /// How many had when its waiter last learned of it.
+    known: u32,
+    /// Its waiter found the lock still held (the release had not reached a majority): the
+    /// next master to announce it wakes one waiter again.
+    owed: bool,
+}
 
-/// The releases that a quorum's listeners heard, so that each wakes one waiter.
+/// The releases heard lately (oldest first), and per channel the last one that woke a
+/// waiter.
+#[derive(Default)]
+struct Recent {
+    releases: HashMap<Announcement, Release>,
+    order: VecDeque<Announcement>,
+    woke: HashMap<String, Box<[u8]>>,
+}
+
+/// The releases that a quorum's listeners heard, so that each wakes one waiter: a release
+/// is announced by every master that held the lock, at slightly different times.
 #[derive(Default)]
 pub(crate) struct Heard {
     recent: Mutex<Recent>,
 }
 
 impl Heard {
-    /// True the first time `payload` is heard on `channel` (recently).
-    fn first(&self, channel: &str, payload: &[u8]) -> bool {
+    /// Whether this announcement of `payload` on `channel` should wake a waiter: the first
+    /// time the release is heard, and once more after its waiter came too early.
+    fn wakes(&self, channel: &str, payload: &[u8]) -> bool {
         let mut recent = lock(&self.recent);
-        let (seen, order) = &mut *recent;
-        while let Some(oldest) = order.front() {
-            let stale = seen
+        recent.forget_stale();
+        let key = (channel.to_owned(), Box::<[u8]>::from(payload));
+        if let Some(release) = recent.releases.get_mut(&key) {
+            release.heard += 1;
+            return std::mem::take(&mut release.owed);
+        }
+        let release = Release {
+            first_heard: Instant::now(),
+            heard: 1,
+            known: 1,
+            owed: false,
+        };
+        recent.releases.insert(key.clone(), release);
+        recent.woke.insert(key.0.clone(), key.1.clone());
+        recent.order.push_back(key);
+        true
+    }
+
+    /// A waiter woken by the last release on `channel` found the lock still held. True when
+    /// more masters announced that release since: try again now. Otherwise the next master
+    /// to announce it wakes a waiter.
+    fn too_early(&self, channel: &str) -> bool {
+        let mut recent = lock(&self.recent);
+        let Recent { releases, woke, .. } = &mut *recent;
+        let Some(release) = woke
+            .get(channel)
+            .and_then(|payload| releases.get_mut(&(channel.to_owned(), payload.clone())))
+        else {
+            return false;
+        };
+        if release.heard > release.known {
+            release.known = release.heard;
+            return true;
+        }
+        release.owed = true;
+        false
+    }
+}
+
+impl Recent {
+    fn forget_stale(&mut self) {
+        while let Some(oldest) = self.order.front() {
+            let stale = self
+                .releases
                 .get(oldest)
-                .is_none_or(|at| at.elapsed() >= REMEMBER_FOR);
-            if !stale && order.len() < REMEMBER_AT_MOST {
+                .is_none_or(|r| r.first_heard.elapsed() >= REMEMBER_FOR);
+            if !stale && self.order.len() < REMEMBER_AT_MOST {
                 break;
             }
-            if let Some(oldest) = order.pop_front() {
-                seen.remove(&oldest);
+            if let Some((channel, payload)) = self.order.pop_front() {
+                if self.woke.get(&channel) == Some(&payload) {
+                    self.woke.remove(&channel);
+                }
+                self.releases.remove(&(channel, payload));
             }
         }
-        let key = (channel.to_owned(), Box::<[u8]>::from(payload));
-        if seen.contains_key(&key) {
-            return false;
-        }
-        seen.insert(key.clone(), Instant::now());
-        order.push_back(key);
-        true
     }
 }
 
@@ -493,7 +550,7 @@ impl Inner {
                 || self
                     .heard
                     .as_ref()
-                    .is_none_or(|heard| heard.first(name, payload));
+                    .is_none_or(|heard| heard.wakes(name, payload));
             if first {
                 entry.notify.notify_one();
             }
@@ -584,6 +641,17 @@ impl Subscription {
     /// The waiter used its wake-up: it obtained the lock, or found it taken and waits again.
     pub(crate) fn used(&self) {
         self.woken.store(false, Ordering::Relaxed);
+    }
+
+    /// The release that woke this waiter came too early: the lock was still held (on a
+    /// quorum, the release had not reached a majority yet). True when the waiter should try
+    /// again at once; otherwise the release's next announcement wakes a waiter.
+    pub(crate) fn too_early(&self) -> bool {
+        self.events
+            .inner
+            .heard
+            .as_ref()
+            .is_some_and(|heard| heard.too_early(&self.channel))
     }
 
     /// The channel this subscription listens on.

@@ -123,6 +123,12 @@ impl<'a> Waiter<'a> {
         false
     }
 
+    /// A release event woke this waiter, but its attempt found the lock still held. True
+    /// when it should try again at once (the release has since reached more masters).
+    fn too_early(&self) -> bool {
+        self.listening.first().is_some_and(Subscription::too_early)
+    }
+
     /// The waiter used its wake-ups: it obtained the lock, or waits on for the same key.
     fn used(&self) {
         for subscription in &self.listening {
@@ -184,6 +190,8 @@ where
 {
     let mut backoff = retry.backoff();
     let mut rechecked = false;
+    // The last wait ended with a release event.
+    let mut woken = false;
     loop {
         let how = Try {
             mark_holder: waiter.marking(),
@@ -218,6 +226,16 @@ where
             wake = Some(wake.map_or(expiry, |wake| wake.min(expiry)));
         }
         let until = earliest(wake, deadline);
+        // Woken by a release that had not reached a majority of a quorum yet: its later
+        // announcements (or those already heard) are for this waiter. Tried again at most
+        // once per master that announced it since the last try.
+        if let Some(held) = held
+            && woken
+            && waiter.too_early()
+        {
+            watch.retrying(&failure, Some(held), Duration::ZERO);
+            continue;
+        }
         // Confirming a subscription takes no longer than this waiter would sleep anyway.
         if let Some(held) = held
             && waiter.listen_to(held.key, until).await
@@ -247,7 +265,7 @@ where
             until.saturating_duration_since(Instant::now())
         });
         watch.retrying(&failure, held, delay);
-        let woken = waiter.wait(until).await;
+        woken = waiter.wait(until).await;
         if !woken && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             return Err(at_deadline(failure));
         }
