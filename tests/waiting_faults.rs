@@ -169,8 +169,11 @@ async fn one_redlock_release_wakes_one_waiter_of_a_client_not_one_per_master() {
         .filter(|&i| i != winner)
         .map(|i| after[i] - before[i])
         .sum();
-    assert_eq!(
-        woken_in_vain, 0,
+    // One other waiter may have gone first: woken by the first master's announcement before
+    // the release reached a majority, it found the lock held, and the release's next
+    // announcement woke the longest-waiting waiter. A herd wakes them all.
+    assert!(
+        woken_in_vain <= 1,
         "one release woke {woken_in_vain} more waiters of one client; released at {released:?}; {log:#?}"
     );
 }
