@@ -53,8 +53,9 @@ async fn a_reset_during_obtain_fails_it_and_the_next_obtain_succeeds() {
     let client = client(&proxy.url()).await;
     proxy.stall(true);
     let once = Options::default();
+    let sent = proxy.requests() + 1;
     let (outcome, ()) = tokio::join!(client.obtain("job", ms(10_000), &once), async {
-        tokio::time::sleep(ms(100)).await; // the obtain is in flight
+        proxy.wait_for(Proxy::requests, sent).await; // the obtain is in flight
         proxy.drop_connections();
         proxy.stall(false);
     });
@@ -85,8 +86,9 @@ async fn a_reset_during_refresh_is_retried_after_reconnect() {
         .unwrap();
     proxy.stall(true);
     let patient = patient();
+    let sent = proxy.requests() + 1;
     let (refreshed, ()) = tokio::join!(lock.refresh(ms(30_000), &patient), async {
-        tokio::time::sleep(ms(100)).await;
+        proxy.wait_for(Proxy::requests, sent).await; // the refresh is in flight
         proxy.drop_connections();
         proxy.stall(false);
     });
@@ -105,8 +107,9 @@ async fn a_reset_during_release_leaves_the_lock_to_its_ttl_and_nobody_else() {
         .await
         .unwrap();
     proxy.stall(true);
+    let sent = proxy.requests() + 1;
     let (released, ()) = tokio::join!(lock.release(), async {
-        tokio::time::sleep(ms(100)).await;
+        proxy.wait_for(Proxy::requests, sent).await; // the release is in flight
         proxy.drop_connections();
         proxy.stall(false);
     });

@@ -1,5 +1,7 @@
 //! A small TCP fault proxy on loopback, between a client and a redis-server started by the
-//! tests: it can add latency, stall, drop every connection, or cut one mid-reply.
+//! tests: it can add latency, stall, reset every connection (a real RST, `SO_LINGER` 0), cut
+//! one reply in the middle, or lose one reply whole after the server ran the command. It
+//! counts what it did, and tests wait on those counts instead of sleeping.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -7,25 +9,42 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-/// The faults currently switched on.
+/// The faults currently switched on, and what the proxy did so far.
 #[derive(Default)]
 struct Faults {
     /// Delay added before forwarding each chunk, in microseconds.
     latency_us: AtomicU64,
     /// Forward nothing while set.
     stalled: AtomicBool,
-    /// Forward half of the next reply chunk, then close the connection.
+    /// Forward half of the next reply chunk, then reset the connection.
     cut_next_reply: AtomicBool,
+    /// Forward none of the next reply chunk (the server ran the command), then reset.
+    lose_next_reply: AtomicBool,
+    /// Request chunks read from clients (also while stalled).
+    requests: AtomicU64,
+    /// Replies cut or lost.
+    replies_lost: AtomicU64,
+    /// Connections reset by the proxy.
+    resets: AtomicU64,
+    /// Notified whenever a count changes.
+    changed: Notify,
+}
+
+impl Faults {
+    fn count(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
 }
 
 /// A proxy listening on a free 127.0.0.1 port, forwarding to `127.0.0.1:upstream`.
 pub struct Proxy {
     port: u16,
     faults: Arc<Faults>,
-    /// Bumped to drop every open connection.
+    /// Bumped to reset every open connection.
     generation: watch::Sender<u64>,
     task: JoinHandle<()>,
 }
@@ -76,14 +95,49 @@ impl Proxy {
         self.faults.stalled.store(stalled, Ordering::SeqCst);
     }
 
-    /// Resets every open connection.
+    /// Resets every open connection (RST on both sides: nothing in flight is delivered).
     pub fn drop_connections(&self) {
         self.generation.send_modify(|g| *g += 1);
     }
 
-    /// Cuts the next reply in the middle and closes its connection.
+    /// Cuts the next reply in the middle and resets its connection.
     pub fn cut_next_reply(&self) {
         self.faults.cut_next_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// Loses the next reply whole, after the server ran its command, and resets the
+    /// client's connection: the client cannot know whether the command ran.
+    pub fn lose_next_reply(&self) {
+        self.faults.lose_next_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// Request chunks read from clients so far (also those held back by a stall).
+    pub fn requests(&self) -> u64 {
+        self.faults.requests.load(Ordering::SeqCst)
+    }
+
+    /// Replies cut or lost so far.
+    pub fn replies_lost(&self) -> u64 {
+        self.faults.replies_lost.load(Ordering::SeqCst)
+    }
+
+    /// Connections the proxy reset so far.
+    pub fn resets(&self) -> u64 {
+        self.faults.resets.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `count()` reaches `at_least` (a test that never gets there hangs: wrap it
+    /// in a timeout).
+    pub async fn wait_for(&self, count: impl Fn(&Self) -> u64, at_least: u64) {
+        loop {
+            let changed = self.faults.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if count(self) >= at_least {
+                return;
+            }
+            changed.await;
+        }
     }
 }
 
@@ -100,16 +154,29 @@ async fn serve(
     faults: Arc<Faults>,
     mut generation: watch::Receiver<u64>,
 ) {
+    // Closing with SO_LINGER 0 sends RST: a reset, not an orderly end of stream.
+    let _ = client.set_zero_linger();
+    let _ = server.set_zero_linger();
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     let requests = pump(client_read, server_write, faults.clone(), false);
-    let replies = pump(server_read, client_write, faults, true);
-    // Ends (closing both sockets) when either side closes, or when told to drop everything.
-    tokio::select! {
-        _ = requests => {}
-        _ = replies => {}
-        _ = generation.changed() => {}
+    let replies = pump(server_read, client_write, faults.clone(), true);
+    // Ends (resetting both sockets) when either side closes, a reply is cut or lost, or all
+    // connections are to be reset.
+    let reset = tokio::select! {
+        end = requests => end == End::Reset,
+        end = replies => end == End::Reset,
+        _ = generation.changed() => true,
+    };
+    if reset {
+        faults.count(&faults.resets);
     }
+}
+
+#[derive(PartialEq, Eq)]
+enum End {
+    Closed,
+    Reset,
 }
 
 async fn pump(
@@ -117,14 +184,17 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     faults: Arc<Faults>,
     replies: bool,
-) {
+) -> End {
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
         let Ok(n) = from.read(&mut buffer).await else {
-            return;
+            return End::Closed;
         };
         if n == 0 {
-            return;
+            return End::Closed;
+        }
+        if !replies {
+            faults.count(&faults.requests);
         }
         let latency = faults.latency_us.load(Ordering::SeqCst);
         if latency > 0 {
@@ -133,12 +203,17 @@ async fn pump(
         while faults.stalled.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        if replies && faults.lose_next_reply.swap(false, Ordering::SeqCst) {
+            faults.count(&faults.replies_lost);
+            return End::Reset;
+        }
         if replies && faults.cut_next_reply.swap(false, Ordering::SeqCst) {
             let _ = to.write_all(&buffer[..n / 2]).await;
-            return;
+            faults.count(&faults.replies_lost);
+            return End::Reset;
         }
         if to.write_all(&buffer[..n]).await.is_err() {
-            return;
+            return End::Closed;
         }
     }
 }
