@@ -179,6 +179,17 @@ pub async fn eventually(within: Duration, what: &str, mut condition: impl AsyncF
     }
 }
 
+/// Waits for `lost` to fire, and fails the test unless it fires by `due` + 1 s (the slack a
+/// loaded machine needs; a signal that waits for a generous timeout instead fails).
+pub async fn lost_by(lost: &lockset::LostSignal, due: tokio::time::Instant) {
+    let slack = ms(1_000);
+    let fired = tokio::time::timeout_at(due + slack, lost.lost()).await;
+    assert!(
+        fired.is_ok(),
+        "the lost signal did not fire within {slack:?} of when it was due"
+    );
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
