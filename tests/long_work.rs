@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lockset::{Client, Error, Options};
 use support::{Env, eventually, lost_by, ms};
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 
 fn opts() -> Options {
     Options::default()
