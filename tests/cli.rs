@@ -798,3 +798,16 @@ fn every_help_page_is_complete_on_its_own() {
     assert!(help(&["refresh"]).contains("--token"));
     assert!(help(&["status"]).contains("--json"));
 }
+
+#[test]
+fn a_token_that_starts_with_a_hyphen_is_still_a_token() {
+    // Tokens are URL-safe base64: one in 64 starts with '-'.
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    command_on(&urls[0], &["SET", "b", "4:-n4Xholder", "PX", "60000"]);
+    let out = finish(lockset(&urls).args(["refresh", "--token", "-n4X", "--ttl", "30s", "b"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = finish(lockset(&urls).args(["release", "--token", "-n4X", "b"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(!exists(&urls[0], "b"));
+}
