@@ -222,7 +222,7 @@ pub(crate) struct ObtainArgs {
 #[derive(Debug, Args)]
 pub(crate) struct RefreshArgs {
     /// The token `lockset acquire` printed.
-    #[arg(long, value_name = "TOKEN", required = true, value_parser = non_empty_token)]
+    #[arg(long, value_name = "TOKEN", required = true, allow_hyphen_values = true, value_parser = non_empty_token)]
     pub(crate) token: String,
 
     /// The new time to live, from now: 500ms, 30s, 5m.
@@ -242,7 +242,7 @@ pub(crate) struct RefreshArgs {
 #[derive(Debug, Args)]
 pub(crate) struct ReleaseArgs {
     /// The token `lockset acquire` printed.
-    #[arg(long, value_name = "TOKEN", required = true, value_parser = non_empty_token)]
+    #[arg(long, value_name = "TOKEN", required = true, allow_hyphen_values = true, value_parser = non_empty_token)]
     pub(crate) token: String,
 
     /// The lock's keys, as given to `acquire`.
