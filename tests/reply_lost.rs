@@ -46,6 +46,12 @@ async fn setup() -> (
     warm.refresh(ms(5_000), &Options::default()).await.unwrap();
     warm.ttl().await.unwrap();
     warm.release().await.unwrap();
+    // A single key too: on Redis 6.2 the first one learns that SET NX GET is not there.
+    let warm = client
+        .obtain("warm:3", ms(5_000), &Options::default())
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
     (server, proxy, client)
 }
 

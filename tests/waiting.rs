@@ -169,11 +169,14 @@ async fn a_waiter_whose_blocking_key_keeps_changing_neither_spins_nor_misses_its
     let other = env.other_client().await;
     // One of "{f}:a" and "{f}:b" is always held, and which one changes all the time.
     let stop = Arc::new(AtomicBool::new(false));
+    let free = Options::default();
+    // Held before the waiter starts.
+    let first = other.obtain("{f}:a", ms(60_000), &free).await.unwrap();
     let flipper = tokio::spawn({
         let (other, stop) = (other.clone(), stop.clone());
         async move {
             let free = Options::default();
-            let mut held = other.obtain("{f}:a", ms(60_000), &free).await.unwrap();
+            let mut held = first;
             let mut next = "{f}:b";
             while !stop.load(Ordering::SeqCst) {
                 let now = other.obtain(next, ms(60_000), &free).await.unwrap();
