@@ -311,9 +311,25 @@ async fn works_over_a_plain_multiplexed_connection() {
 #[tokio::test]
 async fn clients_are_cheap_clones_sharing_one_connection() {
     let env = Env::start().await;
+    env.client
+        .obtain("warm", ms(10_000), &opts())
+        .await
+        .unwrap();
+    let connections = async || {
+        let list: String = env.cmd(&["CLIENT", "LIST"]).await;
+        list.lines().count()
+    };
+    let before = connections().await;
     let clone = env.client.clone();
     let lock = clone.obtain("job", ms(10_000), &opts()).await.unwrap();
-    assert!(env.client.obtain("job", ms(10_000), &opts()).await.is_err());
+    // The lock is the clone's and the original's alike: one owner per token, not per clone.
+    let err = env
+        .client
+        .obtain("job", ms(10_000), &opts())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert_eq!(connections().await, before, "a clone opened a connection");
     lock.release().await.unwrap();
 }
 
