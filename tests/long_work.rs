@@ -342,3 +342,83 @@ async fn reobtain_by_token_nests_critical_sections() {
     assert!(matches!(outer.release().await, Err(Error::NotHeld)));
     assert_eq!(env.dbsize().await, 0);
 }
+
+/// A refresh slowed down by 200 ms of latency is surely in flight when the release is
+/// asked for: the release must land after it, and nothing may bring the key back.
+#[tokio::test]
+async fn a_release_waits_for_a_slow_refresh_in_flight_and_nothing_comes_back() {
+    let env = Env::start().await;
+    let proxy = support::proxy::Proxy::start(env.server.port()).await;
+    let client = support::client_with_timeout(&proxy.url(), ms(5_000)).await;
+    let guard = client
+        .obtain_multi(["a", "b"], ms(3_000), &opts())
+        .await
+        .unwrap()
+        .keep_alive_every(ms(50));
+    proxy.set_latency(ms(200));
+    // The watchdog's next refresh reaches the proxy: it is in flight.
+    let sent = proxy.requests() + 1;
+    proxy.wait_for(support::proxy::Proxy::requests, sent).await;
+    let refreshes = env.calls("evalsha").await;
+    guard.release().await.unwrap();
+    assert!(
+        env.calls("evalsha").await >= refreshes + 2,
+        "the refresh and then the release ran"
+    );
+    assert_eq!(
+        client.background_tasks(),
+        0,
+        "the watchdog outlived release"
+    );
+    assert_eq!(env.dbsize().await, 0);
+    // Nothing in flight can bring the keys back.
+    proxy.set_latency(Duration::ZERO);
+    tokio::time::sleep(ms(500)).await;
+    assert_eq!(env.dbsize().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_release_waits_for_slow_refreshes_in_flight_and_nothing_comes_back() {
+    let servers: Vec<support::RedisServer> =
+        (0..3).map(|_| support::RedisServer::start()).collect();
+    let mut proxies = Vec::new();
+    let mut nodes = Vec::new();
+    for server in &servers {
+        let proxy = support::proxy::Proxy::start(server.port()).await;
+        nodes.push(support::client_with_timeout(&proxy.url(), ms(5_000)).await);
+        proxies.push(proxy);
+    }
+    let redlock = lockset::Client::quorum(nodes, lockset::QuorumConfig::default()).unwrap();
+    // A 30 s TTL: the per-node limit (5%, 1.5 s) covers a release queued behind a refresh
+    // at 200 ms each way.
+    let guard = redlock
+        .obtain_multi(["a", "b"], ms(30_000), &opts())
+        .await
+        .unwrap()
+        .keep_alive_every(ms(50));
+    for proxy in &proxies {
+        proxy.set_latency(ms(200));
+    }
+    for proxy in &proxies {
+        let sent = proxy.requests() + 1;
+        proxy.wait_for(support::proxy::Proxy::requests, sent).await;
+    }
+    guard.release().await.unwrap();
+    assert_eq!(
+        redlock.background_tasks(),
+        0,
+        "the watchdog outlived release"
+    );
+    for proxy in &proxies {
+        proxy.set_latency(Duration::ZERO);
+    }
+    tokio::time::sleep(ms(500)).await;
+    for server in &servers {
+        let mut conn = support::connect(server).await;
+        let size: i64 = lockset::redis::cmd("DBSIZE")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(size, 0, "a master kept the lock");
+    }
+}
