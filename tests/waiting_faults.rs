@@ -135,11 +135,7 @@ async fn one_redlock_release_wakes_one_waiter_of_a_client_not_one_per_master() {
         retries.iter().map(|r| r.load(Ordering::SeqCst)).collect()
     };
     eventually(ms(10_000), "marked everywhere", async || {
-        let mut n = 0;
-        for i in 0..5 {
-            n += usize::from(m.get(i, "job").await.is_some_and(|v| v.starts_with('!')));
-        }
-        n == 5
+        marked_on_every_master(&m, "job").await
     })
     .await;
     // Every waiter tried, failed and went to sleep.
@@ -654,11 +650,7 @@ async fn a_redlock_waiter_woken_too_early_is_woken_again_by_the_later_masters() 
         async move { r.obtain("job", ms(60_000), &slow_polling()).await }
     });
     eventually(ms(10_000), "marked everywhere", async || {
-        let mut n = 0;
-        for i in 0..5 {
-            n += usize::from(m.get(i, "job").await.is_some_and(|v| v.starts_with('!')));
-        }
-        n == 5
+        marked_on_every_master(&m, "job").await
     })
     .await;
     // The release reaches masters 2, 3 and 4 (a majority) 150 ms after 0 and 1.
@@ -674,4 +666,14 @@ async fn a_redlock_waiter_woken_too_early_is_woken_again_by_the_later_masters() 
         .unwrap();
     assert!(released.elapsed() < ms(5_000));
     obtained.release().await.unwrap();
+}
+
+/// Whether every master stores `key` with a waiter's mark.
+async fn marked_on_every_master(m: &Masters, key: &str) -> bool {
+    for i in 0..m.servers.len() {
+        if !m.get(i, key).await.is_some_and(|v| v.starts_with('!')) {
+            return false;
+        }
+    }
+    true
 }
