@@ -59,26 +59,35 @@ impl Cluster {
             .expect("slot")
     }
 
-    /// The index of the node serving `slot`.
+    /// The index of the node serving `slot`, asked until one says so (a node's answer can
+    /// be missing for a moment on a loaded machine).
     pub fn owner_of(&self, slot: u16) -> usize {
-        (0..self.nodes.len())
-            .find(|&i| {
-                let nodes = self.cli(i, &["CLUSTER", "NODES"]);
-                let Some(me) = nodes.lines().find(|line| line.contains("myself")) else {
-                    return false;
-                };
-                me.split_whitespace()
-                    .skip(8)
-                    .any(|range| match range.split_once('-') {
-                        Some((lo, hi)) => {
-                            let (lo, hi): (u16, u16) =
-                                (lo.parse().unwrap_or(1), hi.parse().unwrap_or(0));
-                            (lo..=hi).contains(&slot)
-                        }
-                        None => range.parse() == Ok(slot),
-                    })
-            })
-            .expect("some node serves every slot")
+        for _ in 0..100 {
+            if let Some(owner) = self.try_owner_of(slot) {
+                return owner;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("no node serves slot {slot}");
+    }
+
+    fn try_owner_of(&self, slot: u16) -> Option<usize> {
+        (0..self.nodes.len()).find(|&i| {
+            let nodes = self.cli(i, &["CLUSTER", "NODES"]);
+            let Some(me) = nodes.lines().find(|line| line.contains("myself")) else {
+                return false;
+            };
+            me.split_whitespace()
+                .skip(8)
+                .any(|range| match range.split_once('-') {
+                    Some((lo, hi)) => {
+                        let (lo, hi): (u16, u16) =
+                            (lo.parse().unwrap_or(1), hi.parse().unwrap_or(0));
+                        (lo..=hi).contains(&slot)
+                    }
+                    None => range.parse() == Ok(slot),
+                })
+        })
     }
 
     /// Node `i`'s cluster id.
