@@ -20,6 +20,9 @@ end
 local least, missing = -1, false
 for i = 1, #KEYS do
   local current = redis.pcall('GET', KEYS[i])
+  if type(current) == 'table' and string.sub(current.err, 1, 9) ~= 'WRONGTYPE' then
+    return current  -- an error other than another type: the server's own message
+  end
   if not current then
     missing = true
   elseif not owned(current) then

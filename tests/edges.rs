@@ -46,6 +46,54 @@ async fn a_release_deletes_every_key_even_when_announcing_is_forbidden() {
     assert_eq!(env.dbsize().await, 0, "a key outlived its release");
 }
 
+// The release announces the keys a waiter marked; the announcement is what a user without
+// channel rights may not send. Every key must go all the same, and the release succeed.
+#[tokio::test]
+async fn a_release_of_marked_keys_by_a_user_without_channel_rights_deletes_every_key() {
+    let env = Env::start().await;
+    env.cmd::<String>(&[
+        "ACL",
+        "SETUSER",
+        "app",
+        "on",
+        ">pw",
+        "~*",
+        "+@all",
+        "resetchannels",
+    ])
+    .await;
+    let url = format!("redis://app:pw@127.0.0.1:{}/", env.server.port());
+    let holder = Client::connect(&url).await.unwrap();
+    let keys = ["{m}:a", "{m}:b", "{m}:c"];
+    let lock = holder
+        .obtain_multi(keys, ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    // A waiter of another client (with channel rights) marks the key it finds held first.
+    let waiter = tokio::spawn({
+        let client = env.other_client().await;
+        async move { client.obtain_multi(keys, ms(1_000), &patient()).await }
+    });
+    eventually(ms(10_000), "a key marked", async || {
+        env.get(keys[0]).await.is_some_and(|v| v.starts_with('!'))
+    })
+    .await;
+    let denied = async || env.cmd::<Vec<lockset::redis::Value>>(&["ACL", "LOG"]).await.len();
+    let before = denied().await;
+    lock.release().await.unwrap();
+    // The waiter gets every key (by polling: the announcement was refused) ...
+    let obtained = tokio::time::timeout(ms(10_000), waiter)
+        .await
+        .expect("the waiter obtains the released keys")
+        .unwrap()
+        .unwrap();
+    // ... and the release did try to announce (else this test would not test it): the
+    // server logged a denied channel.
+    assert!(denied().await > before, "no announcement was tried");
+    obtained.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0, "a key outlived its release");
+}
+
 #[tokio::test]
 async fn a_client_without_release_events_announces_nothing_and_polls() {
     let env = Env::start().await;
