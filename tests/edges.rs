@@ -78,7 +78,11 @@ async fn a_release_of_marked_keys_by_a_user_without_channel_rights_deletes_every
         env.get(keys[0]).await.is_some_and(|v| v.starts_with('!'))
     })
     .await;
-    let denied = async || env.cmd::<Vec<lockset::redis::Value>>(&["ACL", "LOG"]).await.len();
+    let denied = async || {
+        env.cmd::<Vec<lockset::redis::Value>>(&["ACL", "LOG"])
+            .await
+            .len()
+    };
     let before = denied().await;
     lock.release().await.unwrap();
     // The waiter gets every key (by polling: the announcement was refused) ...
