@@ -227,6 +227,8 @@ fn a_held_lock_fails_at_once_with_75_naming_key_holder_and_time_left() {
     ]));
     assert_eq!(out.code, Some(3), "{out:?}");
     assert!(out.took >= Duration::from_secs(1), "{out:?}");
+    // Not the holder's 60 s: the wait's 1 s, and the slack of a loaded machine.
+    assert!(out.took < Duration::from_secs(8), "{out:?}");
     assert!(out.stderr.contains("within 1s"), "{out:?}");
 
     // Quiet: the status alone tells.
@@ -257,6 +259,49 @@ fn a_waiting_run_starts_as_soon_as_the_holder_releases() {
     assert!(
         out.stderr.contains("waiting for \"job\" (held by first"),
         "{out:?}"
+    );
+}
+
+#[test]
+fn a_wait_on_a_terminal_shows_a_spinner_and_clears_it_before_the_command_runs() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let token = acquire(&urls, &["--ttl", "60s", "--metadata", "first", "job"]);
+    let releaser = std::thread::spawn({
+        let urls = urls.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(1_500));
+            finish(lockset(&urls).args(["release", "--token", &token, "job"]))
+        }
+    });
+    // util-linux's script(1) gives lockset a pseudo-terminal and copies what it shows.
+    let shown = format!(
+        "{} --redis {} run --wait 50s job -- echo ran",
+        env!("CARGO_BIN_EXE_lockset"),
+        urls[0]
+    );
+    let out = finish(
+        Command::new("script")
+            .args(["-qfec", &shown, "/dev/null"])
+            .env_remove("LOCKSET_REDIS")
+            .env_remove("REDIS_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    assert_eq!(releaser.join().expect("releaser").code, Some(0));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let waiting = out
+        .stdout
+        .find("waiting for \"job\" (held by first, ")
+        .unwrap_or_else(|| panic!("no waiting line on the terminal: {out:?}"));
+    let ran = out.stdout.find("ran").expect("the command ran");
+    // A spinner redraws its line in place, and clears it before the command's output.
+    let between = &out.stdout[waiting..ran];
+    assert!(between.contains("\r\x1b[2K"), "no spinner: {out:?}");
+    assert!(
+        between.trim_end().ends_with("\x1b[2K"),
+        "the spinner line stays: {out:?}"
     );
 }
 
