@@ -165,6 +165,84 @@ async fn a_held_lock_survives_the_migration_of_its_slot() {
     assert_eq!(total_keys(&cluster), 0);
 }
 
+// A slot *in* migration: the source serves the keys it still has, redirects the others to
+// the target (ASK), and answers TRYAGAIN for a script whose keys are split between the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_work_while_their_slot_is_migrating() {
+    let cluster = Cluster::start();
+    let client = client(&cluster).await;
+    let held = ["{mig}:a", "{mig}:b"];
+    let lock = Arc::new(
+        client
+            .obtain_multi(held, ms(60_000), &Options::default())
+            .await
+            .unwrap(),
+    );
+    let slot = cluster.keyslot(held[0]);
+    let from = cluster.owner_of(slot);
+    let to = (from + 1) % 3;
+    let dbsize = |i: usize| -> usize { cluster.cli(i, &["DBSIZE"]).trim().parse().unwrap() };
+    cluster.begin_migration(slot, from, to);
+
+    // Keys the source still has: served there.
+    lock.refresh(ms(60_000), &Options::default()).await.unwrap();
+    // A new single-key lock in the migrating slot: the source does not have the key and
+    // sends the client to the target (ASK), which creates it; its release follows ASK too.
+    let fresh = client
+        .obtain("{mig}:c", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    assert_eq!(dbsize(to), 1, "the new lock lives on the importing node");
+    assert!(fresh.ttl().await.unwrap().unwrap() > ms(30_000));
+    fresh.release().await.unwrap();
+    assert_eq!(dbsize(to), 0, "released on the importing node");
+
+    // Split the held lock: one key moved, one not. Its refresh and a rival's obtain now get
+    // TRYAGAIN until the migration ends, and so does a new multi-key lock (a node importing
+    // a slot creates no two keys of it at once); then each must do the right thing.
+    cluster.move_keys(from, to, &[held[0]]);
+    let tried_again = || cluster.errors(from, "TRYAGAIN") + cluster.errors(to, "TRYAGAIN");
+    let before = tried_again();
+    let refresh = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.refresh(ms(60_000), &Options::default()).await }
+    });
+    let rival = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .obtain_multi(held, ms(30_000), &Options::default().retry(Retry::NoRetry))
+                .await
+        }
+    });
+    let other = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .obtain_multi(["{mig}:d", "{mig}:e"], ms(30_000), &Options::default())
+                .await
+        }
+    });
+    for i in 0..200 {
+        if tried_again() >= before + 3 {
+            break;
+        }
+        assert!(i < 199, "the calls were not all told to try again");
+        tokio::time::sleep(ms(50)).await;
+    }
+    cluster.move_keys(from, to, &[held[1]]);
+    cluster.end_migration(slot, to);
+
+    refresh.await.unwrap().unwrap();
+    let err = rival.await.unwrap().unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    other.await.unwrap().unwrap().release().await.unwrap();
+    let left = lock.ttl().await.unwrap().unwrap();
+    assert!(left > ms(30_000), "{left:?}");
+    Arc::into_inner(lock).unwrap().release().await.unwrap();
+    assert_eq!(total_keys(&cluster), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contention_on_a_cluster_loses_no_update() {
     let cluster = Cluster::start();

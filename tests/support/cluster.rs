@@ -97,35 +97,60 @@ impl Cluster {
 
     /// Moves `slot` with its keys from node `from` to node `to`, as a resharding does.
     pub fn migrate_slot(&self, slot: u16, from: usize, to: usize) {
-        let slot_text = slot.to_string();
-        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
-        self.cli(
-            to,
-            &["CLUSTER", "SETSLOT", &slot_text, "IMPORTING", &from_id],
-        );
-        self.cli(
-            from,
-            &["CLUSTER", "SETSLOT", &slot_text, "MIGRATING", &to_id],
-        );
+        self.begin_migration(slot, from, to);
         loop {
-            let keys = self.cli(from, &["CLUSTER", "GETKEYSINSLOT", &slot_text, "100"]);
+            let keys = self.cli(
+                from,
+                &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"],
+            );
             let keys: Vec<&str> = keys.lines().filter(|k| !k.is_empty()).collect();
             if keys.is_empty() {
                 break;
             }
-            let port = self.nodes[to].port().to_string();
-            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
-            args.extend(keys);
-            let out = self.cli(from, &args);
-            // NOKEY: the keys expired since GETKEYSINSLOT listed them (locks have TTLs).
-            assert!(
-                out.contains("OK") || out.contains("NOKEY"),
-                "MIGRATE failed: {out}"
-            );
+            self.move_keys(from, to, &keys);
         }
+        self.end_migration(slot, to);
+    }
+
+    /// Marks `slot` as migrating from node `from` to node `to`: from now on, `from` serves
+    /// the slot's keys it still has, and sends clients asking for others to `to` (ASK), or
+    /// to try again later (TRYAGAIN) when one command's keys are split between the two.
+    pub fn begin_migration(&self, slot: u16, from: usize, to: usize) {
+        let slot = slot.to_string();
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        self.cli(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+        self.cli(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+    }
+
+    /// Moves `keys` (of a migrating slot) from node `from` to node `to`.
+    pub fn move_keys(&self, from: usize, to: usize, keys: &[&str]) {
+        let port = self.nodes[to].port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+        args.extend(keys);
+        let out = self.cli(from, &args);
+        // NOKEY: the keys expired since they were listed (locks have TTLs).
+        assert!(
+            out.contains("OK") || out.contains("NOKEY"),
+            "MIGRATE failed: {out}"
+        );
+    }
+
+    /// Ends the migration of `slot`: every node says node `to` serves it.
+    pub fn end_migration(&self, slot: u16, to: usize) {
+        let (slot, to_id) = (slot.to_string(), self.node_id(to));
         for i in 0..self.nodes.len() {
-            self.cli(i, &["CLUSTER", "SETSLOT", &slot_text, "NODE", &to_id]);
+            self.cli(i, &["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
         }
+    }
+
+    /// How many times node `i` answered `error` (e.g. "TRYAGAIN", "ASK"), from INFO
+    /// errorstats (Redis 6.2 and later).
+    pub fn errors(&self, i: usize, error: &str) -> u64 {
+        let prefix = format!("errorstat_{error}:count=");
+        self.cli(i, &["INFO", "errorstats"])
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(&prefix))
+            .map_or(0, |n| n.trim().parse().expect("error count"))
     }
 }
 
