@@ -103,6 +103,35 @@ async fn an_obtain_with_a_deadline_returns_although_the_pubsub_connection_hangs(
     proxy.stall(false);
 }
 
+// A release by the waiter's own client hands the lock over as soon as the release is
+// queued, so that the waiter's attempt runs right behind it. When the server answers that
+// release with NOSCRIPT (a fresh server that never ran release.lua, a restart, SCRIPT FLUSH),
+// the release runs again only after the waiter's attempt, which finds the lock still held:
+// the waiter must still be woken, not left to its polling.
+#[tokio::test]
+async fn a_local_hand_over_whose_release_met_noscript_still_wakes_the_waiter() {
+    let env = Env::start().await;
+    let client = &env.client;
+    let held = client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter = wait_for(client, "job", slow_polling());
+    eventually(ms(10_000), "holder marked", async || {
+        env.get("job").await.is_some_and(|v| v.starts_with('!'))
+    })
+    .await;
+    // Only the release script is missing: the waiter's attempts run without delay.
+    let _: String = env.cmd(&["SCRIPT", "FLUSH"]).await;
+    let _: String = env
+        .cmd(&["SCRIPT", "LOAD", include_str!("../lua/obtain.lua")])
+        .await;
+    held.release().await.unwrap();
+    let noscript: String = env.cmd(&["INFO", "errorstats"]).await;
+    assert!(noscript.contains("errorstat_NOSCRIPT"), "{noscript}");
+    woken(waiter, "after a release that met NOSCRIPT").await;
+}
+
 #[tokio::test]
 async fn a_release_that_found_its_lock_expired_swallows_no_later_wake_up() {
     let env = Env::start().await;
