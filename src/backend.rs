@@ -67,6 +67,15 @@ where
         }
     }
 
+    /// How many commands of a single server ran only after loading their script (NOSCRIPT),
+    /// so far; a quorum never hands over locally and counts none.
+    pub(crate) fn script_reloads(&self) -> u64 {
+        match self {
+            Self::Single(store) => store.script_reloads(),
+            Self::Quorum(_) => 0,
+        }
+    }
+
     /// Best-effort release after an obtain whose caller went away or got no reply.
     pub(crate) async fn clean_up(&self, claim: &Claim<'_>) -> Result<()> {
         match self {

@@ -356,6 +356,18 @@ impl Events {
         true
     }
 
+    /// Wakes one local waiter of `channel` once more, for a release that was handed over
+    /// but ran only later (after a NOSCRIPT reply, behind the attempt of the waiter it woke).
+    /// Its announcement, if it comes, is still skipped: this is the one wake-up it is owed.
+    pub(crate) fn wake_again(&self, channel: &str) {
+        if let Some(entry) = lock(&self.inner.channels)
+            .get(channel)
+            .filter(|e| e.waiters > 0)
+        {
+            entry.notify.notify_one();
+        }
+    }
+
     /// Forgets a hand-over whose release announced nothing (it deleted nothing).
     pub(crate) fn withdraw(&self, channel: &str, payload: &str) {
         if let Some(entry) = lock(&self.inner.channels).get_mut(channel) {

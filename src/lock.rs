@@ -395,11 +395,19 @@ where
                         events.hand_over(channel, payload);
                     }
                 };
+                let reloads = self.shared.backend().script_reloads();
                 let released = after_queueing(release, hand_over).await;
                 if !matches!(released, Ok(true)) {
                     // Nothing was announced: no announcement is to be skipped.
                     for channel in channels() {
                         events.withdraw(channel, payload);
+                    }
+                } else if self.shared.backend().script_reloads() != reloads {
+                    // The release may have met NOSCRIPT and run behind the woken waiter's
+                    // attempt, which then found the lock still held: wake it again. (A
+                    // reload by another call costs at most one needless attempt.)
+                    for channel in channels() {
+                        events.wake_again(channel);
                     }
                 }
                 released?

@@ -3,7 +3,7 @@
 //! This layer knows the scripts, the value encoding and the reply shapes; it knows nothing
 //! about retries or deadlines (see `policy`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -60,6 +60,9 @@ pub(crate) struct Store<C> {
     set_nx_get: AtomicBool,
     /// The command `release.lua` announces releases with.
     announce: &'static str,
+    /// How many times a script had to be loaded after a NOSCRIPT reply: the command then
+    /// ran again behind whatever was queued after it.
+    reloads: AtomicU64,
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
@@ -78,6 +81,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Self {
             conn,
             set_nx_get: AtomicBool::new(true),
+            reloads: AtomicU64::new(0),
             // A standalone server: plain pub/sub. (redis-rs subscribes to sharded channels
             // only over cluster connections, and a single server gains nothing from them.)
             announce: "PUBLISH",
@@ -191,6 +195,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Ok(Holding::from_reply(done, ()))
     }
 
+    /// How many times a script ran only after loading it (NOSCRIPT), so far.
+    pub(crate) fn script_reloads(&self) -> u64 {
+        self.reloads.load(Ordering::Relaxed)
+    }
+
     /// The server's run id, which tells two servers apart whatever their addresses.
     pub(crate) async fn run_id(&self) -> Result<String> {
         let info: String = redis::cmd("INFO")
@@ -258,6 +267,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
+                self.reloads.fetch_add(1, Ordering::Relaxed);
                 script.load_async(&mut conn).await?;
                 Ok(cmd.query_async(&mut conn).await?)
             }
