@@ -381,7 +381,10 @@ impl Events {
             return Ok(listener);
         }
         let generation = self.inner.generation.load(Ordering::Acquire);
-        let conn = self.inner.connect(Arc::downgrade(&self.inner)).await?;
+        let conn = self
+            .inner
+            .connect(Arc::downgrade(&self.inner), generation)
+            .await?;
         let listener = {
             let mut slot = lock(&self.inner.listener);
             match &*slot {
@@ -467,11 +470,12 @@ impl Inner {
         }
     }
 
-    /// Opens the pub/sub connection, with pushes handled by [`Inner::on_push`].
-    async fn connect(&self, me: Weak<Self>) -> RedisResult<Conn> {
+    /// Opens the pub/sub connection of `generation`, with pushes handled by
+    /// [`Inner::on_push`].
+    async fn connect(&self, me: Weak<Self>, generation: u64) -> RedisResult<Conn> {
         let on_push = move |push: PushInfo| match me.upgrade() {
             Some(inner) => {
-                inner.on_push(push);
+                inner.on_push(push, generation);
                 Ok(())
             }
             None => Err(()),
@@ -512,16 +516,20 @@ impl Inner {
         }
     }
 
-    /// Handles one push from the pub/sub connection, without waiting for anything.
-    fn on_push(&self, push: PushInfo) {
+    /// Handles one push from the pub/sub connection of `generation`, without waiting for
+    /// anything.
+    fn on_push(&self, push: PushInfo, generation: u64) {
         let channel = push.data.first().and_then(bytes);
+        // A replaced connection (it may linger a while) says nothing about today's
+        // subscriptions; its messages are still releases.
+        let current = generation == self.generation.load(Ordering::Acquire);
         match (push.kind, channel) {
             (PushKind::Message | PushKind::SMessage, Some(channel)) => {
                 let payload = push.data.get(1).and_then(bytes).unwrap_or_default();
                 self.announced(channel, payload);
             }
+            _ if !current => {}
             (PushKind::Subscribe | PushKind::SSubscribe, Some(channel)) => {
-                let generation = self.generation.load(Ordering::Acquire);
                 self.with_channel(channel, |_, entry| {
                     entry.state.subscribed.send_replace(Some(generation));
                     if std::mem::take(&mut entry.lapsed) && entry.waiters > 0 {
