@@ -788,6 +788,39 @@ async fn a_quorum_refuses_one_server_under_two_names() {
     );
 }
 
+// With the third master down, the two names of one server would make a "majority" of one
+// server: the masters that answer are compared all the same.
+#[tokio::test]
+async fn a_quorum_refuses_one_server_under_two_names_while_another_master_is_down() {
+    let a = RedisServer::start();
+    let mut b = RedisServer::start();
+    let nodes = [
+        Client::connect(&b.url()).await.unwrap(),
+        Client::connect(&a.url()).await.unwrap(),
+        Client::connect(&format!("redis://localhost:{}/", a.port()))
+            .await
+            .unwrap(),
+    ];
+    b.stop();
+    let quorum = Client::quorum(nodes, config()).unwrap();
+    let err = quorum.obtain("job", ms(10_000), &once()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(InvalidInput::DuplicateNode {
+                first: 1,
+                second: 2
+            })
+        ),
+        "{err:?}"
+    );
+    let keys: i64 = lockset::redis::cmd("DBSIZE")
+        .query_async(&mut support::connect(&a).await)
+        .await
+        .unwrap();
+    assert_eq!(keys, 0, "nothing was locked");
+}
+
 #[tokio::test]
 async fn a_master_that_lost_the_keys_is_not_counted_as_held_by_another() {
     let mut m = Masters::start(config()).await;
