@@ -22,6 +22,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -95,7 +96,16 @@ pub(crate) struct Quorum<C> {
     tasks: Tasks,
     /// Set once every master answered with a run id of its own.
     distinct: tokio::sync::OnceCell<()>,
+    /// When the masters that answered were last found distinct while others did not
+    /// answer: checked again only after [`RECHECK_AFTER`], so that a master that hangs
+    /// does not delay every obtain by a node timeout.
+    /// (In milliseconds after `created`, plus one; zero: never.)
+    partly_checked: AtomicU64,
+    created: Instant,
 }
+
+/// How long a partial duplicate check stands, in milliseconds.
+const RECHECK_AFTER_MS: u64 = 5_000;
 
 /// How one master answered.
 enum Vote<T> {
@@ -138,13 +148,18 @@ where
             config,
             tasks,
             distinct: tokio::sync::OnceCell::new(),
+            partly_checked: AtomicU64::new(0),
+            created: Instant::now(),
         })
     }
 
     /// Refuses masters that are one server under two names (the same run id), which a
     /// majority would count twice. Checked once, when every master first answers.
     async fn check_distinct(&self, limit: Duration) -> Result<()> {
-        if self.distinct.initialized() {
+        let now = || u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let partly = self.partly_checked.load(Ordering::Relaxed);
+        let recent = partly > 0 && now().saturating_sub(partly - 1) < RECHECK_AFTER_MS;
+        if self.distinct.initialized() || recent {
             return Ok(());
         }
         let ids = self
@@ -152,18 +167,26 @@ where
             .iter()
             .map(|store| async move { timeout(limit, store.run_id()).await });
         let ids = futures_util::future::join_all(ids).await;
-        let mut seen: Vec<&str> = Vec::with_capacity(ids.len());
+        // Every pair of masters that answered is compared, whoever did not.
+        let ids: Vec<Option<&str>> = ids
+            .iter()
+            .map(|id| match id {
+                Ok(Ok(id)) => Some(id.as_str()),
+                _ => None,
+            })
+            .collect();
         for (second, id) in ids.iter().enumerate() {
-            let Ok(Ok(id)) = id else {
-                // Not every master answered: check again next time.
-                return Ok(());
-            };
-            if let Some(first) = seen.iter().position(|other| other == id) {
+            if let Some(first) = id.and_then(|id| ids[..second].iter().position(|o| *o == Some(id)))
+            {
                 return Err(InvalidInput::DuplicateNode { first, second }.into());
             }
-            seen.push(id);
         }
-        let _ = self.distinct.set(());
+        if ids.iter().all(Option::is_some) {
+            let _ = self.distinct.set(());
+        } else {
+            // Some master did not answer: check again in a while.
+            self.partly_checked.store(now() + 1, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -201,11 +224,12 @@ where
         random: bool,
         mark_holder: bool,
     ) -> (Result<Obtain>, Stragglers) {
-        let start = Instant::now();
         let limit = self.node_timeout(claim.ttl.duration);
         if let Err(err) = self.check_distinct(limit).await {
             return (Err(err), Vec::new());
         }
+        // Validity counts from here: the check wrote nothing.
+        let start = Instant::now();
         let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
             let claim = claim.claim();
             let obtained = timeout(limit, store.obtain(&claim, mark_holder)).await;
