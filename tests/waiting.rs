@@ -48,6 +48,15 @@ fn wait_for(
     tokio::spawn(async move { client.obtain(key, ms(60_000), &options).await })
 }
 
+/// Waits until a waiter marked the holder's value of `key`, so that its release announces
+/// itself.
+async fn holder_marked(env: &Env, key: &str) {
+    eventually(ms(10_000), "holder marked", async || {
+        env.get(key).await.is_some_and(|v| v.starts_with('!'))
+    })
+    .await;
+}
+
 /// Asserts that `waiter` obtains within [`WOKEN_WITHIN`] of now.
 async fn woken(
     waiter: tokio::task::JoinHandle<Result<lockset::Lock<ConnectionManager>, lockset::Error>>,
@@ -117,10 +126,7 @@ async fn a_local_hand_over_whose_release_met_noscript_still_wakes_the_waiter() {
         .await
         .unwrap();
     let waiter = wait_for(client, "job", slow_polling());
-    eventually(ms(10_000), "holder marked", async || {
-        env.get("job").await.is_some_and(|v| v.starts_with('!'))
-    })
-    .await;
+    holder_marked(&env, "job").await;
     // Only the release script is missing: the waiter's attempts run without delay.
     let _: String = env.cmd(&["SCRIPT", "FLUSH"]).await;
     let _: String = env
@@ -153,10 +159,7 @@ async fn a_release_that_found_its_lock_expired_swallows_no_later_wake_up() {
         client.release_channels_watched() == 1
     })
     .await;
-    eventually(ms(10_000), "holder marked", async || {
-        env.get("job").await.is_some_and(|v| v.starts_with('!'))
-    })
-    .await;
+    holder_marked(&env, "job").await;
     // Our stale release finds nothing to release: no hand-over happened.
     assert!(expired.release().await.unwrap_err().is_not_held());
     // The real release must reach the waiter.
@@ -246,10 +249,7 @@ async fn a_release_missed_while_the_subscriber_reconnects_still_wakes_the_waiter
         .await
         .unwrap();
     let waiter = wait_for(&client, "job", slow_polling());
-    eventually(ms(10_000), "holder marked", async || {
-        env.get("job").await.is_some_and(|v| v.starts_with('!'))
-    })
-    .await;
+    holder_marked(&env, "job").await;
     // The pub/sub connection breaks, and cannot come back yet.
     proxy.stall(true);
     proxy.drop_connections();
