@@ -380,17 +380,20 @@ impl Events {
         if let Some(listener) = lock(&self.inner.listener).clone() {
             return Ok(listener);
         }
-        let generation = self.inner.generation.load(Ordering::Acquire);
-        let conn = self
-            .inner
-            .connect(Arc::downgrade(&self.inner), generation)
-            .await?;
-        let listener = {
+        let listener = loop {
+            let generation = self.inner.generation.load(Ordering::Acquire);
+            let conn = self
+                .inner
+                .connect(Arc::downgrade(&self.inner), generation)
+                .await?;
             let mut slot = lock(&self.inner.listener);
             match &*slot {
                 // Another waiter was faster; use its connection.
-                Some(other) => other.clone(),
-                None => slot.insert(Listener { conn, generation }).clone(),
+                Some(other) => break other.clone(),
+                // Replaced while connecting: this connection's pushes count for nothing
+                // (see `on_push`), so it must not become the listener. Connect again.
+                None if generation != self.inner.generation.load(Ordering::Acquire) => {}
+                None => break slot.insert(Listener { conn, generation }).clone(),
             }
         };
         if !self.inner.sweeper.swap(true, Ordering::AcqRel) {
