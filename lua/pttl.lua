@@ -8,6 +8,7 @@
 --           restarted empty),
 --        -1 when every key is held without an expiry,
 --        otherwise the smallest remaining time in milliseconds.
+--        an error: any other error reading a key (the server's own), before anything changed
 local owner, value = ARGV[1], ARGV[2]
 local n = #owner
 

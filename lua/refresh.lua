@@ -9,6 +9,7 @@
 -- Reply: 1  every key was extended (or re-created)
 --        2  no key is another owner's, but some are missing; nothing changed
 --        0  some key holds another owner's value, or another type; nothing changed
+--        an error: any other error reading a key (the server's own), before anything changed
 local owner, value, ttl, restore = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 local n = #owner
 

@@ -67,12 +67,11 @@ where
         }
     }
 
-    /// How many commands of a single server ran only after loading their script (NOSCRIPT),
-    /// so far; a quorum never hands over locally and counts none.
+    /// How many commands ran only after loading their script (NOSCRIPT), so far.
     pub(crate) fn script_reloads(&self) -> u64 {
         match self {
             Self::Single(store) => store.script_reloads(),
-            Self::Quorum(_) => 0,
+            Self::Quorum(quorum) => quorum.script_reloads(),
         }
     }
 

@@ -456,6 +456,8 @@ impl Inner {
     /// waiter per channel is woken to subscribe again.
     fn replace_listener(&self) {
         self.failures.store(0, Ordering::Relaxed);
+        // The generation moves before the slot is emptied: a connection opened meanwhile
+        // sees the new generation when it is about to be stored, and is not (`listener`).
         self.generation.fetch_add(1, Ordering::AcqRel);
         lock(&self.listener).take();
         self.lapse_all();

@@ -22,7 +22,6 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -96,16 +95,7 @@ pub(crate) struct Quorum<C> {
     tasks: Tasks,
     /// Set once every master answered with a run id of its own.
     distinct: tokio::sync::OnceCell<()>,
-    /// When the masters that answered were last found distinct while others did not
-    /// answer: checked again only after [`RECHECK_AFTER`], so that a master that hangs
-    /// does not delay every obtain by a node timeout.
-    /// (In milliseconds after `created`, plus one; zero: never.)
-    partly_checked: AtomicU64,
-    created: Instant,
 }
-
-/// How long a partial duplicate check stands, in milliseconds.
-const RECHECK_AFTER_MS: u64 = 5_000;
 
 /// How one master answered.
 enum Vote<T> {
@@ -148,18 +138,13 @@ where
             config,
             tasks,
             distinct: tokio::sync::OnceCell::new(),
-            partly_checked: AtomicU64::new(0),
-            created: Instant::now(),
         })
     }
 
     /// Refuses masters that are one server under two names (the same run id), which a
     /// majority would count twice. Checked once, when every master first answers.
     async fn check_distinct(&self, limit: Duration) -> Result<()> {
-        let now = || u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let partly = self.partly_checked.load(Ordering::Relaxed);
-        let recent = partly > 0 && now().saturating_sub(partly - 1) < RECHECK_AFTER_MS;
-        if self.distinct.initialized() || recent {
+        if self.distinct.initialized() {
             return Ok(());
         }
         let ids = self
@@ -167,11 +152,12 @@ where
             .iter()
             .map(|store| async move { timeout(limit, store.run_id()).await });
         let ids = futures_util::future::join_all(ids).await;
-        // Every pair of masters that answered is compared, whoever did not.
+        // Every pair of masters that answered is compared, whoever did not. (A server
+        // whose INFO has no run id, such as some proxies, tells nothing.)
         let ids: Vec<Option<&str>> = ids
             .iter()
             .map(|id| match id {
-                Ok(Ok(id)) => Some(id.as_str()),
+                Ok(Ok(id)) if !id.is_empty() => Some(id.as_str()),
                 _ => None,
             })
             .collect();
@@ -183,11 +169,14 @@ where
         }
         if ids.iter().all(Option::is_some) {
             let _ = self.distinct.set(());
-        } else {
-            // Some master did not answer: check again in a while.
-            self.partly_checked.store(now() + 1, Ordering::Relaxed);
         }
+        // Else some master did not answer: check again next time.
         Ok(())
+    }
+
+    /// How many commands ran only after loading their script (NOSCRIPT), on all masters.
+    pub(crate) fn script_reloads(&self) -> u64 {
+        self.nodes.iter().map(|store| store.script_reloads()).sum()
     }
 
     /// How many masters make a majority.
@@ -224,12 +213,12 @@ where
         random: bool,
         mark_holder: bool,
     ) -> (Result<Obtain>, Stragglers) {
+        // Validity counts from before the check, as the caller's does.
+        let start = Instant::now();
         let limit = self.node_timeout(claim.ttl.duration);
         if let Err(err) = self.check_distinct(limit).await {
             return (Err(err), Vec::new());
         }
-        // Validity counts from here: the check wrote nothing.
-        let start = Instant::now();
         let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
             let claim = claim.claim();
             let obtained = timeout(limit, store.obtain(&claim, mark_holder)).await;
