@@ -280,6 +280,30 @@ async fn the_holders_expiry_wakes_a_single_key_waiter() {
     assert!(took < ms(500) + WOKEN_WITHIN, "woken only after {took:?}");
 }
 
+// A client without release events (polling) learns the holder's TTL too, also on the
+// script-free single-key path, and wakes at its expiry instead of its next poll.
+#[tokio::test]
+async fn the_holders_expiry_wakes_a_single_key_waiter_without_release_events() {
+    let env = Env::start().await;
+    let _held = env
+        .other_client()
+        .await
+        .obtain("job", ms(500), &Options::default())
+        .await
+        .unwrap();
+    let polling = env.other_client().await.without_release_events();
+    let start = Instant::now();
+    let lock = timeout(
+        Duration::from_secs(30),
+        polling.obtain("job", ms(60_000), &slow_polling()),
+    )
+    .await
+    .expect("never woken");
+    lock.unwrap();
+    let took = start.elapsed();
+    assert!(took < ms(500) + WOKEN_WITHIN, "woken only after {took:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n_releases_wake_n_waiters_also_across_a_subscriber_reconnect() {
     const WAITERS: usize = 8;
