@@ -8,7 +8,7 @@ use redis::aio::ConnectionLike;
 
 use crate::error::Result;
 use crate::quorum::{Quorum, Stragglers};
-use crate::request::Claim;
+use crate::request::{Claim, Try};
 use crate::store::{Obtain, Store};
 
 /// One server, or a quorum of masters.
@@ -31,11 +31,11 @@ where
         &self,
         claim: &Claim<'_>,
         random: bool,
-        mark_holder: bool,
+        how: Try,
     ) -> (Result<Obtain>, Stragglers) {
         match self {
-            Self::Single(store) => (store.obtain(claim, mark_holder).await, Vec::new()),
-            Self::Quorum(quorum) => Box::pin(quorum.obtain(claim, random, mark_holder)).await,
+            Self::Single(store) => (store.obtain(claim, how).await, Vec::new()),
+            Self::Quorum(quorum) => Box::pin(quorum.obtain(claim, random, how)).await,
         }
     }
 

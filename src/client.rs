@@ -18,9 +18,9 @@ use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
 use crate::observe::{finished, op_span};
 use crate::options::Options;
-use crate::policy::{self, Held, Step, Try, Waiter, Watch};
+use crate::policy::{self, Held, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
-use crate::request::{Claim, Ttl};
+use crate::request::{Claim, Try, Ttl};
 use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
@@ -626,11 +626,7 @@ where
         let mut cleanup = CleanupOnDrop {
             attempt: random.then_some((self.client, &claim)),
         };
-        let (outcome, stragglers) = self
-            .client
-            .backend()
-            .obtain(&claim, random, how.mark_holder)
-            .await;
+        let (outcome, stragglers) = self.client.backend().obtain(&claim, random, how).await;
         // No intact reply: the script may or may not have run. The clean-up goes on in the
         // background, so that a server that does not answer delays nobody's deadline.
         if !matches!(&outcome, Err(Error::Redis(err)) if is_outcome_unknown(err)) {

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::events::{Events, Subscription};
 use crate::observe::{Blocked, OnRetry, RetryEvent, retrying};
+use crate::request::Try;
 use crate::retry::{Retry, RetryStrategy as _};
 use crate::slots::release_channel;
 
@@ -162,13 +163,6 @@ impl<'a> Waiter<'a> {
     }
 }
 
-/// How an attempt should go about it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Try {
-    /// Mark the holder, if the lock is held, so that its release announces itself.
-    pub(crate) mark_holder: bool,
-}
-
 /// Runs `attempt` until it is done, fails for good, the strategy gives up, or the deadline
 /// passes. Between attempts, waits for the strategy's next delay, cut short by a release
 /// event or the holder's expiry; never waits past the deadline.
@@ -195,6 +189,8 @@ where
     loop {
         let how = Try {
             mark_holder: waiter.marking(),
+            // Nothing but the holder's expiry can wake a waiter that cannot listen.
+            holder_ttl: waiter.events.is_empty(),
         };
         watch.attempts += 1;
         let Some(step) = until_deadline(deadline, attempt(how)).await else {

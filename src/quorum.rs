@@ -32,7 +32,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
 use crate::error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
-use crate::request::{Claim, OwnedClaim};
+use crate::request::{Claim, OwnedClaim, Try};
 use crate::store::{Holding, Obtain, Store};
 use crate::tasks::Tasks;
 
@@ -211,7 +211,7 @@ where
         &self,
         claim: &Claim<'_>,
         random: bool,
-        mark_holder: bool,
+        how: Try,
     ) -> (Result<Obtain>, Stragglers) {
         // Validity counts from before the check, as the caller's does.
         let start = Instant::now();
@@ -221,7 +221,7 @@ where
         }
         let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
             let claim = claim.claim();
-            let obtained = timeout(limit, store.obtain(&claim, mark_holder)).await;
+            let obtained = timeout(limit, store.obtain(&claim, how)).await;
             let vote = match obtained {
                 Ok(Ok(Obtain::Obtained { .. })) => Vote::Yes(()),
                 // Nothing was written there.

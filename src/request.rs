@@ -69,3 +69,13 @@ impl OwnedClaim {
         }
     }
 }
+
+/// How an obtain attempt should go about a held lock (the caller is about to wait).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Try {
+    /// Mark the holder, if the lock is held, so that its release announces itself.
+    pub(crate) mark_holder: bool,
+    /// Learn the holder's remaining TTL, if the lock is held, also where that costs a
+    /// second round trip (the script-free single-key path).
+    pub(crate) holder_ttl: bool,
+}

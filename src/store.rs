@@ -10,7 +10,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
-use crate::request::Claim;
+use crate::request::{Claim, Try};
 use crate::scripts;
 
 /// What one obtain attempt found.
@@ -89,20 +89,43 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     }
 
     /// Tries once to lock every key of `claim`, incrementing its fencing counter on
-    /// success. With `mark_holder`, a held key's value is marked so that its holder's
+    /// success. With `how.mark_holder`, a held key's value is marked so that its holder's
     /// release announces itself, and the holder's TTL is learned (the caller is about to
     /// wait): a single key is still tried without a script first, since a waiter is
-    /// usually woken because the key was just released.
-    pub(crate) async fn obtain(&self, claim: &Claim<'_>, mark_holder: bool) -> Result<Obtain> {
+    /// usually woken because the key was just released. With `how.holder_ttl`, a single
+    /// key found held by the script-free path is asked for its TTL (a second round trip,
+    /// only when held).
+    pub(crate) async fn obtain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
         if claim.counter.is_none()
             && let [key] = claim.keys
             && self.set_nx_get.load(Ordering::Relaxed)
             && let Some(outcome) = self.obtain_one(key, claim).await?
-            && !(mark_holder && matches!(outcome, Obtain::Held { .. }))
         {
-            return Ok(outcome);
+            match outcome {
+                Obtain::Held { .. } if how.mark_holder => {}
+                Obtain::Held { .. } if how.holder_ttl => {
+                    return Ok(Obtain::Held {
+                        ttl: self.key_ttl(key).await?,
+                        key: 0,
+                    });
+                }
+                outcome => return Ok(outcome),
+            }
         }
-        self.obtain_by_script(claim, mark_holder).await
+        self.obtain_by_script(claim, how.mark_holder).await
+    }
+
+    /// What is left of `key`'s TTL, as the script reports a holder's: `None` without an
+    /// expiry, zero when the key is gone (its holder just released it).
+    async fn key_ttl(&self, key: &str) -> Result<Option<Duration>> {
+        let left: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(match left {
+            -1 => None,
+            left => Some(Duration::from_millis(u64::try_from(left).unwrap_or(0))),
+        })
     }
 
     /// One key, no script: `SET key value NX PX ttl GET` either sets the key (reply nil) or
