@@ -221,6 +221,11 @@ where
         }
         let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
             let claim = claim.claim();
+            // A quorum reports no holder's TTL: asking each master would be wasted.
+            let how = Try {
+                holder_ttl: false,
+                ..how
+            };
             let obtained = timeout(limit, store.obtain(&claim, how)).await;
             let vote = match obtained {
                 Ok(Ok(Obtain::Obtained { .. })) => Vote::Yes(()),

@@ -71,7 +71,7 @@ impl OwnedClaim {
 }
 
 /// How an obtain attempt should go about a held lock (the caller is about to wait).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Try {
     /// Mark the holder, if the lock is held, so that its release announces itself.
     pub(crate) mark_holder: bool,
