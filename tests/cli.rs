@@ -856,3 +856,23 @@ fn a_token_that_starts_with_a_hyphen_is_still_a_token() {
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(!exists(&urls[0], "b"));
 }
+
+#[test]
+fn a_quorum_command_leaves_its_work_done_on_a_slow_master_before_it_exits() {
+    // The library returns once a majority answered and finishes the rest in the background;
+    // a process that exits at that point would cut the slow master's share off.
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let slow = runtime.block_on(support::proxy::Proxy::start(servers[2].port()));
+    slow.set_latency(Duration::from_millis(300));
+    let urls = [servers[0].url(), servers[1].url(), slow.url()];
+
+    let token = acquire(&urls, &["--ttl", "30s", "job"]);
+    let held: Vec<bool> = servers.iter().map(|s| exists(&s.url(), "job")).collect();
+    assert_eq!(held, [true; 3], "acquire placed the lock on every master");
+
+    let out = finish(lockset(&urls).args(["release", "--token", &token, "job"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let held: Vec<bool> = servers.iter().map(|s| exists(&s.url(), "job")).collect();
+    assert_eq!(held, [false; 3], "release removed it from every master");
+}
