@@ -306,6 +306,30 @@ where
         self.inner.tasks.count()
     }
 
+    /// Waits until [`background_tasks`](Self::background_tasks) is zero.
+    ///
+    /// A short-lived program awaits this (under a timeout) before it exits: the runtime's
+    /// shutdown would otherwise cut off a release on drop, the clean-up of a cancelled
+    /// obtain, or the slower masters' share of a quorum obtain, which returns as soon as a
+    /// majority has the lock. A running watchdog is a background task too: release or drop
+    /// its lock first.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// use std::time::Duration;
+    /// use lockset::{Client, Options};
+    ///
+    /// let client = Client::connect("redis://127.0.0.1/").await?;
+    /// let lock = client.obtain("nightly-report", Duration::from_secs(60), &Options::default()).await?;
+    /// drop(lock.into_guard()); // released in the background
+    /// let _ = tokio::time::timeout(Duration::from_secs(2), client.background_idle()).await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn background_idle(&self) {
+        self.inner.tasks.idle().await;
+    }
+
     /// Locks one key for `ttl`.
     ///
     /// Tries once, then retries per `options`' [`Retry`](crate::Retry) strategy until the

@@ -1,20 +1,43 @@
 //! Background tasks a client spawns (watchdogs, releases on drop, clean-up after a
-//! cancelled obtain), counted so that none can silently outlive its purpose.
+//! cancelled obtain, a quorum's calls to its slower masters), counted so that none can
+//! silently outlive its purpose, and so that a program can wait for them before it exits.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 /// The background tasks of one client and its clones.
 #[derive(Clone, Default)]
-pub(crate) struct Tasks(Arc<AtomicUsize>);
+pub(crate) struct Tasks(Arc<Count>);
+
+#[derive(Default)]
+struct Count {
+    running: AtomicUsize,
+    /// Notified whenever the count drops to zero.
+    idle: Notify,
+}
 
 impl Tasks {
     /// How many are running now.
     pub(crate) fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
+        self.0.running.load(Ordering::SeqCst)
+    }
+
+    /// Returns once none is running (at once if none is).
+    pub(crate) async fn idle(&self) {
+        loop {
+            let idle = self.0.idle.notified();
+            tokio::pin!(idle);
+            // Registered before the count is read, so a drop to zero in between is not missed.
+            idle.as_mut().enable();
+            if self.count() == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     /// Spawns `task` on the current tokio runtime, or returns `None` outside one.
@@ -23,7 +46,7 @@ impl Tasks {
         F: Future<Output = ()> + Send + 'static,
     {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        self.0.fetch_add(1, Ordering::SeqCst);
+        self.0.running.fetch_add(1, Ordering::SeqCst);
         // Counted down when the task ends, however it ends (done, panicked or aborted).
         let running = Running(self.0.clone());
         Some(runtime.spawn(async move {
@@ -33,10 +56,12 @@ impl Tasks {
     }
 }
 
-struct Running(Arc<AtomicUsize>);
+struct Running(Arc<Count>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        if self.0.running.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
     }
 }

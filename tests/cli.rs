@@ -864,7 +864,8 @@ fn a_quorum_command_leaves_its_work_done_on_a_slow_master_before_it_exits() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let slow = runtime.block_on(support::proxy::Proxy::start(servers[2].port()));
-    slow.set_latency(Duration::from_millis(300));
+    // Slow, yet well within the per-master limit (5% of the 30 s TTL): 200 ms a round trip.
+    slow.set_latency(Duration::from_millis(100));
     let urls = [servers[0].url(), servers[1].url(), slow.url()];
 
     let token = acquire(&urls, &["--ttl", "30s", "job"]);

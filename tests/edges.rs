@@ -251,10 +251,9 @@ async fn a_failed_redlock_reobtain_by_token_never_deletes_the_lock_the_token_hel
         m.servers[i].resume();
     }
     assert!(err.is_unavailable(), "{err:?}");
-    eventually(ms(10_000), "background tasks", async || {
-        m.redlock.background_tasks() == 0
-    })
-    .await;
+    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
+        .await
+        .expect("background tasks");
     flush(&m).await;
 
     assert_eq!(
@@ -307,10 +306,9 @@ async fn a_redlock_refresh_restores_restarted_masters_only_while_a_majority_hold
     // Retried while the nodes reconnect; then a majority answers "not held".
     let err = lock.refresh(ms(30_000), &patient()).await.unwrap_err();
     assert!(err.is_not_obtained(), "{err:?}");
-    eventually(ms(10_000), "background tasks", async || {
-        m.redlock.background_tasks() == 0
-    })
-    .await;
+    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
+        .await
+        .expect("background tasks");
     assert_eq!(m.dbsizes(0..3).await, vec![0; 3], "keys were re-created");
 }
 
@@ -380,10 +378,9 @@ async fn redlock_obtain_and_refresh_reach_every_master_that_is_up() {
     .await;
     lock.release().await.unwrap();
     assert_eq!(m.dbsizes(0..5).await, vec![0; 5]);
-    eventually(ms(10_000), "background tasks", async || {
-        redlock.background_tasks() == 0
-    })
-    .await;
+    tokio::time::timeout(ms(10_000), redlock.background_idle())
+        .await
+        .expect("background tasks");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -638,10 +635,9 @@ async fn a_failed_redlock_obtain_by_token_never_deletes_a_concurrent_success_by_
     }
     assert!(first.await.unwrap().is_err());
     let second = second.await.unwrap().expect("the second obtains");
-    eventually(ms(10_000), "background tasks", async || {
-        m.redlock.background_tasks() == 0
-    })
-    .await;
+    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
+        .await
+        .expect("background tasks");
     flush(&m).await;
     let rival = m.redlock.obtain_multi(keys, ms(30_000), &once()).await;
     assert!(
@@ -674,10 +670,9 @@ async fn a_cancelled_redlock_obtain_by_token_never_deletes_the_retry_by_that_tok
         server.resume();
     }
     let lock = retry.await.unwrap().expect("the retry obtains");
-    eventually(ms(10_000), "background tasks", async || {
-        m.redlock.background_tasks() == 0
-    })
-    .await;
+    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
+        .await
+        .expect("background tasks");
     flush(&m).await;
     let rival = m.redlock.obtain_multi(keys, ms(30_000), &once()).await;
     assert!(
@@ -956,10 +951,9 @@ async fn a_redlock_obtain_returns_by_its_deadline_when_a_majority_stops_answerin
         })
         .await;
     }
-    eventually(ms(8_000), "no background task left", async || {
-        redlock.background_tasks() == 0
-    })
-    .await;
+    tokio::time::timeout(ms(8_000), redlock.background_idle())
+        .await
+        .expect("no background task left");
 }
 
 /// Whether `server` stores `key`, asked over a fresh connection.

@@ -5,7 +5,7 @@ mod support;
 use std::time::Duration;
 
 use lockset::{Client, Error, Options};
-use support::{Env, eventually, lost_by, ms};
+use support::{Env, lost_by, ms};
 use tokio::time::Instant;
 
 fn opts() -> Options {
@@ -17,8 +17,9 @@ async fn quiesce<C>(client: &Client<C>)
 where
     C: lockset::redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let idle = async || client.background_tasks() == 0;
-    eventually(Duration::from_secs(30), "background tasks ended", idle).await;
+    tokio::time::timeout(Duration::from_secs(30), client.background_idle())
+        .await
+        .expect("background tasks ended");
 }
 
 #[tokio::test]

@@ -70,10 +70,9 @@ async fn an_obtain_whose_reply_is_lost_is_an_unknown_outcome_released_by_token()
         !exists(&server, "a").await && !exists(&server, "b").await
     })
     .await;
-    eventually(ms(10_000), "clean-up done", async || {
-        client.background_tasks() == 0
-    })
-    .await;
+    tokio::time::timeout(ms(10_000), client.background_idle())
+        .await
+        .expect("clean-up done");
 }
 
 #[tokio::test]
@@ -196,13 +195,9 @@ async fn a_reset_while_the_request_is_held_back_never_reaches_the_server() {
     assert!(err.is_unavailable(), "{err:?}");
     assert!(proxy.resets() >= 1);
     // A reset (RST) discards what the proxy held: the obtain never ran.
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while client.background_tasks() > 0 {
-            tokio::time::sleep(ms(5)).await;
-        }
-    })
-    .await
-    .expect("clean-up done");
+    tokio::time::timeout(Duration::from_secs(10), client.background_idle())
+        .await
+        .expect("clean-up done");
     assert!(!exists(&server, "job").await);
 }
 

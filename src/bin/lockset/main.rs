@@ -20,6 +20,7 @@ mod ui;
 mod validate;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory as _, Parser as _};
@@ -31,6 +32,9 @@ use crate::exit::{Failure, USAGE};
 use crate::signals::Signals;
 use crate::ui::Ui;
 use crate::validate::Use;
+
+/// How long a finishing `lockset` waits for the library's background work.
+const SETTLE: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -103,12 +107,30 @@ async fn dispatch<C>(redis: &Redis<C>, command: &Command, ui: Ui) -> Result<u8, 
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    match command {
+    let outcome = match command {
         Command::Run(args) => run::run(redis, args, ui, &mut listen()?).await,
         Command::Acquire(args) => token::acquire(redis, args, ui, &mut listen()?).await,
         Command::Refresh(args) => token::refresh(redis, args).await,
         Command::Release(args) => token::release(redis, args).await,
         Command::Status(args) => status::status(redis, args).await,
+    };
+    settle(redis).await;
+    outcome
+}
+
+/// Lets the library's background work finish before the process exits, for at most
+/// [`SETTLE`]: the clean-up of an obtain a signal cancelled, and on a quorum the slower
+/// masters' share of an obtain, refresh or release that returned once a majority answered.
+async fn settle<C>(redis: &Redis<C>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let idle = redis.client.background_idle();
+    if tokio::time::timeout(SETTLE, idle).await.is_err() {
+        tracing::warn!(
+            tasks = redis.client.background_tasks(),
+            "exiting with background work unfinished"
+        );
     }
 }
 

@@ -26,9 +26,6 @@ const SHOW_EVERY: Duration = Duration::from_millis(500);
 /// Nothing is shown for a lock obtained this quickly.
 const SHOW_AFTER: Duration = Duration::from_millis(150);
 
-/// How long to let a cancelled obtain's clean-up run before exiting.
-const CLEAN_UP: Duration = Duration::from_secs(2);
-
 /// The options for obtaining per the command line.
 pub(crate) fn options(args: &ObtainArgs) -> Options {
     let metadata = args.metadata.clone().unwrap_or_else(identity::host_pid);
@@ -68,7 +65,6 @@ where
         signal = signals.next() => {
             waiting.finish();
             tracing::info!(?signal, "stopped waiting");
-            clean_up(redis).await;
             return Err(Failure::silent(exit::of_signal(signal as i32)));
         }
     };
@@ -127,17 +123,5 @@ where
             Err(err) => waiting.update(&format!("waiting: {err}"), ""),
         }
         tokio::time::sleep(SHOW_EVERY).await;
-    }
-}
-
-/// Lets the library's clean-up of a cancelled obtain (a release by the attempt's token)
-/// finish before the process exits, for at most [`CLEAN_UP`].
-async fn clean_up<C>(redis: &Redis<C>)
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let deadline = tokio::time::Instant::now() + CLEAN_UP;
-    while redis.client.background_tasks() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
