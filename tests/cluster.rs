@@ -349,3 +349,70 @@ async fn a_cluster_waiter_follows_its_slot_when_it_moves() {
     assert!(took < WOKEN_WITHIN, "woken after {took:?}");
     lock.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_shard_holds_up_neither_waiters_on_other_shards_nor_any_deadline() {
+    let cluster = Cluster::start();
+    let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let holder = client(&cluster).await;
+    // Two keys on different masters.
+    let stuck_key = "{a}:job";
+    let stuck = cluster.owner_of(cluster.keyslot(stuck_key));
+    let live_key = ["{b}:job", "{c}:job", "{d}:job", "{e}:job"]
+        .into_iter()
+        .find(|key| cluster.owner_of(cluster.keyslot(key)) != stuck)
+        .expect("a key on another master");
+    let held = holder
+        .obtain(live_key, ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let _also_held = holder
+        .obtain(stuck_key, ms(60_000), &Options::default())
+        .await
+        .unwrap();
+
+    // A waiter listens on the master that then stops answering.
+    let bounded = slow_polling().timeout(ms(2_000));
+    let stuck_waiter = tokio::spawn({
+        let waiting = waiting.clone();
+        async move {
+            let start = tokio::time::Instant::now();
+            let outcome = waiting.obtain(stuck_key, ms(60_000), &bounded).await;
+            (outcome.map(drop), start.elapsed())
+        }
+    });
+    marked(&cluster, stuck_key).await;
+    cluster.nodes[stuck].pause();
+
+    // Meanwhile another waiter of the same client listens on a healthy master, and its
+    // holder releases.
+    let live_waiter = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.obtain(live_key, ms(60_000), &slow_polling()).await }
+    });
+    marked(&cluster, live_key).await;
+    // A release on a healthy master is not held up either (a NOSCRIPT fallback that loads
+    // the script on every master would wait for the stopped one).
+    tokio::time::timeout(Duration::from_secs(10), held.release())
+        .await
+        .expect("a release on a healthy master hangs")
+        .unwrap();
+    let released = tokio::time::Instant::now();
+    let lock = tokio::time::timeout(Duration::from_secs(30), live_waiter)
+        .await
+        .expect("never woken")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(took < WOKEN_WITHIN, "woken after {took:?}");
+
+    // The waiter on the stuck master gave up by its deadline (and a little grace).
+    let (outcome, waited) = tokio::time::timeout(Duration::from_secs(30), stuck_waiter)
+        .await
+        .expect("the stuck waiter hangs")
+        .unwrap();
+    assert!(outcome.is_err(), "obtained on a stopped master");
+    assert!(waited < ms(2_000) + ms(1_000), "gave up after {waited:?}");
+    cluster.nodes[stuck].resume();
+    lock.release().await.unwrap();
+}
