@@ -70,8 +70,8 @@ impl Client<redis::cluster_async::ClusterConnection> {
     ///
     /// Before anything is sent, every key of a lock, and its fencing counter, must hash to
     /// one slot, else [`InvalidInput::CrossSlot`] names the keys and their slots: give them a
-    /// common hash tag (`{user42}:cart`, `{user42}:wallet`). Scripts load on the node serving
-    /// the slot (redis-rs loads them on every node after NOSCRIPT), and MOVED/ASK redirections
+    /// common hash tag (`{user42}:cart`, `{user42}:wallet`). A script the node serving the
+    /// slot lacks (NOSCRIPT) is sent there whole by EVAL, and MOVED/ASK redirections
     /// during a resharding are followed by the cluster connection. Releases are announced with
     /// sharded pub/sub (SPUBLISH); waiters of a client made here poll, those of
     /// [`Client::connect_cluster`] are woken by release events.

@@ -1,27 +1,37 @@
-//! The four bundled Lua scripts, each hashed once and run by EVALSHA (loaded and retried when
-//! the server answers NOSCRIPT), and the codes they reply with.
+//! The four bundled Lua scripts, each hashed once and run by EVALSHA (sent whole by EVAL
+//! when the server answers NOSCRIPT), and the codes they reply with.
 
 use std::sync::LazyLock;
 
-use redis::Script;
+/// A bundled script: its source, and the SHA1 hash EVALSHA names it by.
+pub(crate) struct Lua {
+    /// The script itself, for EVAL.
+    pub(crate) source: &'static str,
+    /// Its hash, for EVALSHA.
+    pub(crate) hash: String,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Self {
+        let hash = redis::Script::new(source).get_hash().to_owned();
+        Self { source, hash }
+    }
+}
 
 /// Locks every key or none; re-entrant by owner tag.
-pub(crate) static OBTAIN: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/obtain.lua")));
+pub(crate) static OBTAIN: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../lua/obtain.lua")));
 
 /// The smallest remaining TTL of a held lock.
-pub(crate) static PTTL: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/pttl.lua")));
+pub(crate) static PTTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/pttl.lua")));
 
 /// Extends every key of a held lock.
-pub(crate) static REFRESH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/refresh.lua")));
-
-/// Source of `release.lua`, also sent whole by EVAL where EVALSHA's fallback cannot run.
-pub(crate) const RELEASE_SOURCE: &str = include_str!("../lua/release.lua");
+pub(crate) static REFRESH: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../lua/refresh.lua")));
 
 /// Deletes every key of a held lock.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
+pub(crate) static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../lua/release.lua")));
 
 /// Reply of `obtain.lua` for success: `{OBTAINED, fence}`.
 pub(crate) const OBTAINED: i64 = 1;

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, FromRedisValue, RedisError, RedisResult, Script, ToRedisArgs, Value};
+use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
 use crate::request::{Claim, Try};
-use crate::scripts;
+use crate::scripts::{self, Lua};
 
 /// What one obtain attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +60,7 @@ pub(crate) struct Store<C> {
     set_nx_get: AtomicBool,
     /// The command `release.lua` announces releases with.
     announce: &'static str,
-    /// How many times a script had to be loaded after a NOSCRIPT reply: the command then
+    /// How many times a script had to be sent whole after a NOSCRIPT reply: the command then
     /// ran again behind whatever was queued after it.
     reloads: AtomicU64,
 }
@@ -218,7 +218,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Ok(Holding::from_reply(done, ()))
     }
 
-    /// How many times a script ran only after loading it (NOSCRIPT), so far.
+    /// How many times a script ran only when sent again whole (NOSCRIPT), so far.
     pub(crate) fn script_reloads(&self) -> u64 {
         self.reloads.load(Ordering::Relaxed)
     }
@@ -242,7 +242,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// Keys that somebody waits for are announced: the waiter marked them meanwhile.
     pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
         let done: i64 = redis::cmd("EVAL")
-            .arg(scripts::RELEASE_SOURCE)
+            .arg(scripts::RELEASE.source)
             .arg(claim.keys.len())
             .arg(claim.keys)
             .arg(self.release_args(claim, Some("")))
@@ -265,34 +265,43 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         )
     }
 
-    /// Runs `script` by EVALSHA over `keys` (then `extra_key`, if any) with `args`, loading
-    /// the script when the server answers NOSCRIPT.
+    /// Runs `script` by EVALSHA over `keys` (then `extra_key`, if any) with `args`; when the
+    /// server answers NOSCRIPT, sends it whole by EVAL, which also caches it there.
     ///
-    /// This is what `ScriptInvocation::invoke_async` does, minus its copies of every key
-    /// and argument into a second command: this runs on every lock operation.
-    async fn invoke<T: FromRedisValue>(
+    /// EVAL goes where the keys are, as EVALSHA does. (`ScriptInvocation::invoke_async`
+    /// loads the script instead, which a cluster connection sends to every master: one
+    /// stopped master would hold up every release on the others. It also copies every key
+    /// and argument into a second command: this runs on every lock operation.)
+    async fn invoke<T: FromRedisValue, A: ToRedisArgs>(
         &self,
-        script: &Script,
+        script: &Lua,
         keys: &[String],
         extra_key: Option<&str>,
-        args: impl ToRedisArgs,
+        args: A,
     ) -> Result<T> {
-        let key_bytes: usize = keys.iter().map(String::len).sum();
-        let mut cmd = Cmd::with_capacity(keys.len() + 8, key_bytes + 128);
-        cmd.arg("EVALSHA")
-            .arg(script.get_hash())
-            .arg(keys.len() + usize::from(extra_key.is_some()))
-            .arg(keys)
-            .arg(extra_key)
-            .arg(args);
+        let command = |verb: &str, script: &str| {
+            let key_bytes: usize = keys.iter().map(String::len).sum();
+            let mut cmd = Cmd::with_capacity(keys.len() + 8, key_bytes + script.len() + 128);
+            cmd.arg(verb)
+                .arg(script)
+                .arg(keys.len() + usize::from(extra_key.is_some()))
+                .arg(keys)
+                .arg(extra_key)
+                .arg(&args);
+            cmd
+        };
         let mut conn = self.conn.clone();
-        match cmd.query_async(&mut conn).await {
+        match command("EVALSHA", &script.hash)
+            .query_async(&mut conn)
+            .await
+        {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 self.reloads.fetch_add(1, Ordering::Relaxed);
-                script.load_async(&mut conn).await?;
-                Ok(cmd.query_async(&mut conn).await?)
+                Ok(command("EVAL", script.source)
+                    .query_async(&mut conn)
+                    .await?)
             }
             reply => Ok(reply?),
         }

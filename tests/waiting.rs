@@ -5,7 +5,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionManager;
@@ -195,19 +195,17 @@ async fn a_deadline_passed_during_the_first_attempt_ends_the_obtain_without_subs
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_whose_blocking_key_keeps_changing_neither_spins_nor_misses_its_deadline() {
-    let env = Env::start().await;
+/// Another client keeps one of "{f}:a" and "{f}:b" held, changing which one as fast as it
+/// can, until the returned flag is set; the task ends after releasing the last.
+async fn keep_flipping(env: &Env) -> (Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
     let other = env.other_client().await;
-    // One of "{f}:a" and "{f}:b" is always held, and which one changes all the time.
     let stop = Arc::new(AtomicBool::new(false));
     let free = Options::default();
     // Held before the waiter starts.
     let first = other.obtain("{f}:a", ms(60_000), &free).await.unwrap();
     let flipper = tokio::spawn({
-        let (other, stop) = (other.clone(), stop.clone());
+        let stop = stop.clone();
         async move {
-            let free = Options::default();
             let mut held = first;
             let mut next = "{f}:b";
             while !stop.load(Ordering::SeqCst) {
@@ -219,22 +217,59 @@ async fn a_waiter_whose_blocking_key_keeps_changing_neither_spins_nor_misses_its
             held.release().await.unwrap();
         }
     });
-    let options = Options::default()
-        .retry(Retry::linear(ms(100)))
-        .timeout(ms(1_000));
+    (stop, flipper)
+}
+
+/// Obtains both flipped keys with `options`, within 30 s; returns the outcome and the time.
+async fn obtain_flipped(env: &Env, options: &Options) -> (lockset::Result<()>, Duration) {
+    let (stop, flipper) = keep_flipping(env).await;
     let start = Instant::now();
     let outcome = timeout(
         Duration::from_secs(30),
         env.client
-            .obtain_multi(["{f}:a", "{f}:b"], ms(1_000), &options),
+            .obtain_multi(["{f}:a", "{f}:b"], ms(1_000), options),
     )
     .await
     .expect("spun past its deadline");
     let took = start.elapsed();
     stop.store(true, Ordering::SeqCst);
     flipper.await.unwrap();
+    (outcome.map(drop), took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_blocking_key_keeps_changing_neither_spins_nor_misses_its_deadline() {
+    let env = Env::start().await;
+    let options = Options::default()
+        .retry(Retry::linear(ms(100)))
+        .timeout(ms(1_000));
+    let (outcome, took) = obtain_flipped(&env, &options).await;
     assert!(outcome.unwrap_err().is_deadline_exceeded());
     assert!(took < ms(5_000), "returned only after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_attempt_of_a_waiter_counts_against_its_retry_strategy() {
+    let env = Env::start().await;
+    // With 5 retries allowed, a release event (the flipper releases hundreds of times a
+    // second) or a new subscription's unslept recheck each use one up.
+    let retries = Arc::new(AtomicU32::new(0));
+    let options = Options::default()
+        .retry(Retry::linear(ms(100)).limit(5))
+        .timeout(ms(10_000))
+        .on_retry({
+            let retries = retries.clone();
+            move |_| {
+                retries.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    let (outcome, _) = obtain_flipped(&env, &options).await;
+    assert!(outcome.unwrap_err().is_not_obtained());
+    assert_eq!(
+        retries.load(Ordering::SeqCst),
+        5,
+        "retries for a strategy of 5"
+    );
 }
 
 #[tokio::test]
@@ -307,29 +342,45 @@ async fn n_releases_wake_n_waiters_also_across_a_subscriber_reconnect() {
         .obtain("job", ms(60_000), &Options::default())
         .await
         .unwrap();
-    // Each waiter releases as soon as it has the lock, which must wake the next one.
+    // Each waiter releases as soon as it has the lock, which must wake the next one. Every
+    // failed attempt is counted.
+    let retries = Arc::new(AtomicU32::new(0));
+    let counted = slow_polling().on_retry({
+        let retries = retries.clone();
+        move |_| {
+            retries.fetch_add(1, Ordering::SeqCst);
+        }
+    });
     let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
     for _ in 0..WAITERS {
-        let (client, done) = (client.clone(), done.clone());
+        let (client, done, counted) = (client.clone(), done.clone(), counted.clone());
         tokio::spawn(async move {
-            let lock = client
-                .obtain("job", ms(60_000), &slow_polling())
-                .await
-                .unwrap();
+            let lock = client.obtain("job", ms(60_000), &counted).await.unwrap();
             let _ = done.send(Instant::now());
             lock.release().await.unwrap();
         });
     }
+    // Each waiter fails twice before it sleeps: its first attempt, and the recheck once it
+    // listens (which marks the holder).
+    let waiting = u32::try_from(2 * WAITERS).unwrap();
     eventually(ms(10_000), "all listening", async || {
         client.release_channels_watched() == 1
             && env.get("job").await.is_some_and(|v| v.starts_with('!'))
+            && retries.load(Ordering::SeqCst) == waiting
     })
     .await;
     held.release().await.unwrap();
     let mut last = Instant::now();
     for handed in 0..WAITERS {
         if handed == WAITERS / 2 {
-            // The pub/sub connection breaks halfway through the chain.
+            // N releases, N attempts: each release woke exactly one waiter, which got the lock.
+            assert_eq!(
+                retries.load(Ordering::SeqCst),
+                waiting,
+                "a woken waiter failed"
+            );
+            // The pub/sub connection breaks halfway through the chain (its waiters are all
+            // woken then, since a release may have been missed: those attempts may fail).
             proxy.drop_connections();
         }
         let at = timeout(Duration::from_secs(60), finished.recv())
