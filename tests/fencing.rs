@@ -200,3 +200,32 @@ async fn paused_holders_are_fenced_off() {
     );
     assert_eq!(storage.writes.len(), (2 * TASKS * ROUNDS) as usize);
 }
+
+/// A server without persistence that restarts empty forgets its counters. Were the counter to
+/// start over at 1, a holder paused across the restart (token 3, say) would outrank every
+/// later holder at the resource: the very zombie that fencing exists to turn away.
+#[tokio::test]
+async fn tokens_keep_increasing_across_a_restart_that_forgot_the_counter() {
+    let mut server = support::RedisServer::start();
+    let client = lockset::Client::connect(&server.url()).await.unwrap();
+    let options = Options::default()
+        .fencing()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(20_000));
+    let mut before = 0;
+    for _ in 0..3 {
+        let lock = client.obtain("job", ms(60_000), &options).await.unwrap();
+        before = lock.fencing_token().unwrap();
+        lock.release().await.unwrap();
+    }
+    server.restart();
+    // The first command after the restart may meet the dead connection (retried until the
+    // deadline: a connection error is transient).
+    let after = client
+        .obtain("job", ms(60_000), &options)
+        .await
+        .unwrap()
+        .fencing_token()
+        .unwrap();
+    assert!(after > before, "{after} after {before}, across a restart");
+}
