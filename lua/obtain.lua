@@ -4,7 +4,8 @@
 -- ARGV[1]  owner tag: "<token length>:<token>"; it starts every value this owner writes
 -- ARGV[2]  the full value to store: owner tag followed by the caller's metadata
 -- ARGV[3]  time to live in milliseconds
--- ARGV[4]  "1" when the last key is a fencing counter to increment on success
+-- ARGV[4]  "1" when the last key is a fencing counter to increment on success (a counter
+--          that did not exist starts from the server's clock, see below)
 -- ARGV[5]  "1" when the caller waits for a held key: mark the holder's value with a leading
 --          "!" so that its release announces itself (see release.lua)
 --
@@ -155,6 +156,15 @@ if counter then
   fence = redis.pcall('INCR', counter)
   if type(fence) == 'table' then
     return failed(fence, counter)
+  end
+  if fence == 1 then
+    -- A new counter, or one a server restarted without persistence forgot: start from the
+    -- server's clock in microseconds, above every token minted before (unless that counter
+    -- minted more than one token per microsecond, or the clock went back). Exact in Lua's
+    -- doubles until the year 2255.
+    local now = redis.call('TIME')
+    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    redis.call('SET', counter, string.format('%.0f', fence))
   end
   if fence < 1 then
     undo()

@@ -172,8 +172,9 @@ where
     /// re-obtain by the same token (which therefore supersedes the earlier one: use the
     /// highest you hold). Send it with every write to the protected resource, and have the
     /// resource reject a token lower than the highest it has seen. The counter is never
-    /// reset by release or expiry, but it lives in Redis: a server restarted without
-    /// persistence starts it over, so tokens can go backwards then.
+    /// reset by release or expiry. A counter that does not exist, also one that a server
+    /// restarted without persistence forgot, starts from the server's clock in microseconds,
+    /// so tokens keep increasing across such a restart (unless the server's clock went back).
     pub fn fencing_token(&self) -> Option<u64> {
         self.fence
     }

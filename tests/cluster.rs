@@ -94,7 +94,7 @@ async fn keys_in_different_slots_are_refused_before_sending() {
         .obtain("{u1}:a", ms(10_000), &Options::default().fencing())
         .await
         .unwrap();
-    assert_eq!(lock.fencing_token(), Some(1));
+    assert!(lock.fencing_token().is_some());
     lock.release().await.unwrap();
     assert_eq!(total_keys(&cluster), 1, "only the fencing counter is left");
 }

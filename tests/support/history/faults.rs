@@ -348,7 +348,6 @@ async fn apply(fault: Fault, targets: Arc<Targets>, history: Arc<History>) {
         }
         Fault::Restart { server, down } => {
             targets.servers.with(server, RedisServer::stop).await;
-            history.forget_everything();
             tokio::time::sleep(down).await;
             targets.servers.with(server, RedisServer::restart).await;
         }

@@ -43,8 +43,6 @@ struct State {
     lines: HashMap<String, Line>,
     fences: HashMap<String, Fenced>,
     faults: Vec<FaultSpan>,
-    /// Bumped whenever a server forgets everything (killed): fencing counters restart.
-    epoch: u64,
     stats: Stats,
     violations: Vec<String>,
     misses: Vec<String>,
@@ -96,7 +94,6 @@ struct Line {
 struct Fenced {
     start: Instant,
     token: u64,
-    epoch: u64,
     what: String,
 }
 
@@ -401,17 +398,16 @@ impl History {
         now: Instant,
         what: &str,
     ) {
-        let epoch = state.epoch;
+        // Also across a server restarted empty: a counter it forgot starts from its clock.
         let fenced = Fenced {
             start: now,
             token,
-            epoch,
             what: what.to_owned(),
         };
         let Some(last) = state.fences.insert(counter.clone(), fenced) else {
             return;
         };
-        if last.epoch == epoch && token <= last.token {
+        if token <= last.token {
             let report = format!(
                 "{}: fencing tokens of {counter} went from {} (belief from {}, {}) to {token} \
                  (belief from {}, {what})",
@@ -423,11 +419,6 @@ impl History {
             );
             self.violation(state, report);
         }
-    }
-
-    /// A server restarted empty: fencing counters start over.
-    pub fn forget_everything(&self) {
-        self.state().epoch += 1;
     }
 
     pub fn fault_started(&self, what: String) -> usize {
