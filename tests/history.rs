@@ -87,8 +87,9 @@ async fn redlock_history_with_delayed_restarts_is_safe() {
 /// Why the README insists on delayed restarts: a master without persistence that comes
 /// back at once has forgotten locks a majority still counts on. Restart enough masters
 /// within one TTL and a second owner reaches a majority while the first still believes it
-/// holds the lock. The checker must see that happen here (the same fault mix with delayed
-/// restarts, above, must see nothing).
+/// holds the lock. The checker must see that happen here: restarts weigh more and come more
+/// often than in the test above, which restarts masters too, each only after the longest
+/// TTL, and must see nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn redlock_history_without_delayed_restarts_is_unsafe() {
