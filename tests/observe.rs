@@ -232,6 +232,55 @@ async fn each_retry_is_an_event_and_a_callback_naming_the_held_key() {
 }
 
 #[tokio::test]
+async fn a_retried_error_is_an_event_and_a_callback_naming_the_error() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let client = client_with_timeout(&proxy.url(), ms(100)).await;
+    let (capture, _guard) = capture();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = calls.clone();
+    let options = Options::default()
+        .retry(Retry::linear(ms(20)))
+        .timeout(ms(600))
+        .on_retry(move |event| {
+            let failed = match event.blocked {
+                Blocked::Failed(err) => Some(err.is_unavailable()),
+                _ => None,
+            };
+            seen.lock().unwrap().push(failed);
+        });
+    // Nothing answers: each attempt runs into the 100 ms response timeout.
+    proxy.stall(true);
+    let err = client
+        .obtain("job", ms(10_000), &options)
+        .await
+        .unwrap_err();
+    proxy.stall(false);
+    assert!(err.is_unavailable(), "{err:?}");
+    let calls = calls.lock().unwrap().clone();
+    assert!(!calls.is_empty(), "no retry");
+    assert!(
+        calls.iter().all(|failed| *failed == Some(true)),
+        "each retry names the error, which says Redis is unavailable: {calls:?}"
+    );
+    let retries: Vec<Logged> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.target == "lockset::retry")
+        .collect();
+    assert_eq!(retries.len(), calls.len(), "{retries:?}");
+    for event in &retries {
+        assert_eq!(event.level, Level::DEBUG);
+        assert!(event.fields.contains_key("err"), "{event:?}");
+        assert!(!event.fields.contains_key("held_key"), "{event:?}");
+    }
+    assert_eq!(
+        capture.spans("lockset.obtain")[0].fields["outcome"],
+        "unavailable"
+    );
+}
+
+#[tokio::test]
 async fn a_lock_found_lost_is_a_warning_once() {
     let env = Env::start().await;
     let lock = env
@@ -298,6 +347,14 @@ async fn a_failed_watchdog_refresh_is_a_warning_and_is_ridden_out() {
         "{:?}",
         capture.events()
     );
+    // Each of the watchdog's refreshes has a span, as a refresh by hand has.
+    let outcomes: Vec<String> = capture
+        .spans("lockset.refresh")
+        .iter()
+        .map(|span| span.fields["outcome"].clone())
+        .collect();
+    assert!(outcomes.iter().any(|o| o == "unavailable"), "{outcomes:?}");
+    assert!(outcomes.iter().any(|o| o == "ok"), "{outcomes:?}");
     guard.release().await.unwrap();
 }
 
