@@ -31,13 +31,16 @@ if ARGV[4] == '1' then
   count = count - 1
 end
 
+local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
+
 -- The all-free case first, the cheapest way the server offers and with nothing else set up:
 -- MSETNX per chunk of keys, then one PEXPIRE per key. A chunk that finds any key taken
--- undoes the chunks before it, and the keys are then looked at one by one.
+-- undoes the chunks before it, and the keys are then looked at one by one. A single key on
+-- Redis 7 goes straight to SET NX PX GET below: one command, free or held.
 local CHUNK = 1000
 local created = 0  -- keys 1..created were visited: all created by this call but those in mine
-local all_free = true
-for first = 1, count, CHUNK do
+local all_free = not (count == 1 and redis7)
+for first = 1, (all_free and count or 0), CHUNK do
   local last = math.min(first + CHUNK - 1, count)
   local args = {}
   for i = first, last do
@@ -111,7 +114,7 @@ end
 
 if all_free then
   -- Every key was created above.
-elseif (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+elseif redis7 then
   -- One command per key sets it or returns its holder's value.
   for i = 1, count do
     local current = redis.pcall('SET', KEYS[i], value, 'NX', 'PX', ttl, 'GET')

@@ -19,12 +19,34 @@ local owner, value, announce, payload = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local count = #KEYS
 local CHUNK = 1000
 
--- The common case first, with nothing to set up: every key holds exactly our value (nobody
--- waits, the metadata is unchanged). String comparison is a pointer comparison in Lua.
+-- Redis before 7.0 has no sharded pub/sub: a cluster's waiters listen with SUBSCRIBE there.
+if announce == 'SPUBLISH' and (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
+  announce = 'PUBLISH'
+end
+
+-- Announces the release of each key in `keys` (after every key was deleted).
+local function announce_all(keys)
+  if announce ~= '' then
+    -- A key's release channel is named like the key (a separate namespace), which keeps it
+    -- in the key's cluster slot for sharded pub/sub at no cost.
+    for i = 1, #keys do
+      redis.pcall(announce, keys[i], payload)
+    end
+  end
+end
+
+-- The common cases first, with nothing to set up: every key holds exactly our value (nobody
+-- waits, the metadata is unchanged), or a single key holds it behind a waiter's mark. String
+-- comparison is a pointer comparison in Lua.
 if count == 1 then
   -- pcall: a key that became a hash is not ours, and must not abort the script.
-  if redis.pcall('GET', KEYS[1]) == value then
+  local current = redis.pcall('GET', KEYS[1])
+  if current == value then
     redis.call('DEL', KEYS[1])
+    return 1
+  elseif current == '!' .. value then
+    redis.call('DEL', KEYS[1])
+    announce_all(KEYS)
     return 1
   end
 elseif count <= CHUNK then
@@ -81,15 +103,5 @@ for first = 1, count, CHUNK do
   redis.call('DEL', unpack(KEYS, first, math.min(first + CHUNK - 1, count)))
 end
 
--- Redis before 7.0 has no sharded pub/sub: a cluster's waiters listen with SUBSCRIBE there.
-if announce == 'SPUBLISH' and (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
-  announce = 'PUBLISH'
-end
-if announce ~= '' then
-  -- A key's release channel is named like the key (a separate namespace), which keeps it in
-  -- the key's cluster slot for sharded pub/sub at no cost.
-  for i = 1, #marked do
-    redis.pcall(announce, marked[i], payload)
-  end
-end
+announce_all(marked)
 return 1
