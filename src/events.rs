@@ -333,6 +333,14 @@ impl Events {
         }
     }
 
+    /// Whether the server has this client's subscription to `channel` now (other waiters
+    /// keep it), as far as is known.
+    pub(crate) fn is_live(&self, channel: &str) -> bool {
+        lock(&self.inner.channels)
+            .get(channel)
+            .is_some_and(|entry| entry.state.is_subscribed())
+    }
+
     /// How many channels have waiters now.
     pub(crate) fn channels(&self) -> usize {
         self.inner.watched.load(Ordering::Relaxed)

@@ -76,6 +76,20 @@ impl<'a> Waiter<'a> {
         }
     }
 
+    /// Before the first attempt of a single-key obtain: when this client already listens on
+    /// the key's release channel (for other waiters), joins them, so that the first attempt
+    /// marks the holder, and a failed one needs no unslept recheck: the subscription was live
+    /// before the attempt was sent, so no release after it can go unheard.
+    pub(crate) fn join_live(&mut self) {
+        let [key] = self.keys else {
+            return;
+        };
+        let channel = release_channel(key);
+        if self.events.iter().any(|events| events.is_live(channel)) {
+            self.listening = self.events.iter().map(|e| e.subscribe(channel)).collect();
+        }
+    }
+
     /// Whether the next attempt should mark the holder so that its release announces
     /// itself: only while this waiter listens for that announcement.
     pub(crate) fn marking(&self) -> bool {
@@ -183,6 +197,7 @@ where
     Fut: Future<Output = Step<T>>,
 {
     let mut backoff = retry.backoff();
+    waiter.join_live();
     let mut rechecked = false;
     // The last wait ended with a release event.
     let mut woken = false;

@@ -4,8 +4,8 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionManager;
@@ -344,11 +344,15 @@ async fn n_releases_wake_n_waiters_also_across_a_subscriber_reconnect() {
         .unwrap();
     // Each waiter releases as soon as it has the lock, which must wake the next one. Every
     // failed attempt is counted.
-    let retries = Arc::new(AtomicU32::new(0));
+    let (retries, sleeps) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
     let counted = slow_polling().on_retry({
-        let retries = retries.clone();
-        move |_| {
+        let (retries, sleeps) = (retries.clone(), sleeps.clone());
+        move |event| {
             retries.fetch_add(1, Ordering::SeqCst);
+            // A recheck right after subscribing has no delay; a wait for the release has.
+            if !event.delay.is_zero() {
+                sleeps.fetch_add(1, Ordering::SeqCst);
+            }
         }
     });
     let (done, mut finished) = tokio::sync::mpsc::unbounded_channel();
@@ -360,15 +364,13 @@ async fn n_releases_wake_n_waiters_also_across_a_subscriber_reconnect() {
             lock.release().await.unwrap();
         });
     }
-    // Each waiter fails twice before it sleeps: its first attempt, and the recheck once it
-    // listens (which marks the holder).
-    let waiting = u32::try_from(2 * WAITERS).unwrap();
     eventually(ms(10_000), "all listening", async || {
         client.release_channels_watched() == 1
             && env.get("job").await.is_some_and(|v| v.starts_with('!'))
-            && retries.load(Ordering::SeqCst) == waiting
+            && sleeps.load(Ordering::SeqCst) == u32::try_from(WAITERS).unwrap()
     })
     .await;
+    let waiting = retries.load(Ordering::SeqCst);
     held.release().await.unwrap();
     let mut last = Instant::now();
     for handed in 0..WAITERS {
@@ -437,4 +439,55 @@ async fn a_release_nobody_waits_for_announces_nothing() {
         lock.release().await.unwrap();
     }
     assert_eq!(env.calls("publish").await, 0);
+}
+
+/// A waiter that joins a channel its client already listens on marks the holder with its
+/// first attempt and sleeps at once: one failed attempt, no recheck.
+#[tokio::test]
+async fn a_waiter_joining_a_live_channel_marks_with_its_first_attempt_and_sleeps() {
+    let env = Env::start().await;
+    let held = env
+        .other_client()
+        .await
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let first = wait_for(&env.client, "job", slow_polling());
+    eventually(ms(10_000), "the client listens", async || {
+        env.client.release_channels_watched() == 1
+    })
+    .await;
+    holder_marked(&env, "job").await;
+    let retries = Arc::new(Mutex::new(Vec::new()));
+    let second = wait_for(
+        &env.client,
+        "job",
+        slow_polling().on_retry({
+            let retries = retries.clone();
+            move |event| retries.lock().unwrap().push(event.delay)
+        }),
+    );
+    eventually(ms(10_000), "the second waiter sleeps", async || {
+        !retries.lock().unwrap().is_empty()
+    })
+    .await;
+    let delays = retries.lock().unwrap().clone();
+    assert_eq!(delays.len(), 1, "{delays:?}");
+    assert!(!delays[0].is_zero(), "a recheck: {delays:?}");
+    // One release wakes one of them; its release wakes the other.
+    held.release().await.unwrap();
+    let mut waiting = vec![first, second];
+    while !waiting.is_empty() {
+        let released = Instant::now();
+        let (lock, _, others) = timeout(
+            Duration::from_secs(30),
+            futures_util::future::select_all(waiting),
+        )
+        .await
+        .expect("never woken");
+        let took = released.elapsed();
+        assert!(took < WOKEN_WITHIN, "woken only after {took:?}");
+        lock.unwrap().unwrap().release().await.unwrap();
+        waiting = others;
+    }
 }
