@@ -15,38 +15,18 @@
 -- anything is announced. Announcing is best effort (redis.pcall): a user without channel
 -- rights (Redis 7's default `acl-pubsub-default resetchannels`) or a server without the
 -- command still releases every key. Keys are read and deleted in chunks, one command each.
-local owner, value, announce, payload = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local value = ARGV[2]
 local count = #KEYS
 local CHUNK = 1000
 
--- Redis before 7.0 has no sharded pub/sub: a cluster's waiters listen with SUBSCRIBE there.
-if announce == 'SPUBLISH' and (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
-  announce = 'PUBLISH'
-end
-
--- Announces the release of each key in `keys` (after every key was deleted).
-local function announce_all(keys)
-  if announce ~= '' then
-    -- A key's release channel is named like the key (a separate namespace), which keeps it
-    -- in the key's cluster slot for sharded pub/sub at no cost.
-    for i = 1, #keys do
-      redis.pcall(announce, keys[i], payload)
-    end
-  end
-end
-
--- The common cases first, with nothing to set up: every key holds exactly our value (nobody
--- waits, the metadata is unchanged), or a single key holds it behind a waiter's mark. String
--- comparison is a pointer comparison in Lua.
+-- The common case first, with nothing to set up: every key holds exactly our value (nobody
+-- waits, the metadata is unchanged). String comparison is a pointer comparison in Lua.
+local single = nil  -- the value of a single key, when not exactly ours
 if count == 1 then
   -- pcall: a key that became a hash is not ours, and must not abort the script.
-  local current = redis.pcall('GET', KEYS[1])
-  if current == value then
+  single = redis.pcall('GET', KEYS[1])
+  if single == value then
     redis.call('DEL', KEYS[1])
-    return 1
-  elseif current == '!' .. value then
-    redis.call('DEL', KEYS[1])
-    announce_all(KEYS)
     return 1
   end
 elseif count <= CHUNK then
@@ -64,7 +44,31 @@ elseif count <= CHUNK then
   end
 end
 
+local owner, announce, payload = ARGV[1], ARGV[3], ARGV[4]
 local n = #owner
+
+-- Redis before 7.0 has no sharded pub/sub: a cluster's waiters listen with SUBSCRIBE there.
+if announce == 'SPUBLISH' and (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
+  announce = 'PUBLISH'
+end
+
+-- Announces the release of each key in `keys` (after every key was deleted).
+local function announce_all(keys)
+  if announce ~= '' then
+    -- A key's release channel is named like the key (a separate namespace), which keeps it
+    -- in the key's cluster slot for sharded pub/sub at no cost.
+    for i = 1, #keys do
+      redis.pcall(announce, keys[i], payload)
+    end
+  end
+end
+
+-- Next, a single key that holds our value behind a waiter's mark.
+if single == '!' .. value then
+  redis.call('DEL', KEYS[1])
+  announce_all(KEYS)
+  return 1
+end
 
 -- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
 local function owned(current)
