@@ -688,3 +688,96 @@ async fn marked_on_every_master(m: &Masters, key: &str) -> bool {
     }
     true
 }
+
+// ---------------------------------------------------------------------------------------
+// 9. A Redlock waiter that joins a channel live on *some* master (its client's other waiter
+//    keeps it) must subscribe again where the subscription lapsed: else, while one master
+//    stays live, nothing ever does, and a release announced only by the others goes unheard.
+//    (Found by a review of `join_live`.)
+// ---------------------------------------------------------------------------------------
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_redlock_waiter_subscribes_again_on_masters_where_it_lapsed() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let config = QuorumConfig::default().node_timeout(ms(1_000));
+    // The waiting client hears masters 0 and 1 through gates, master 2 directly.
+    let mut gates = Vec::new();
+    let mut nodes = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        if i < 2 {
+            let gate = Gate::start(server.port()).await;
+            nodes.push(client_with_events_via(server, &gate.url()).await);
+            gates.push(gate);
+        } else {
+            nodes.push(Client::connect(&server.url()).await.unwrap());
+        }
+    }
+    let waiting = Client::quorum(nodes, config).unwrap();
+    let mut direct = Vec::new();
+    for server in &servers {
+        direct.push(Client::connect(&server.url()).await.unwrap());
+    }
+    let holder = Client::quorum(direct, config).unwrap();
+    let held = holder
+        .obtain("job", ms(120_000), &Options::default())
+        .await
+        .unwrap();
+    timeout(ms(10_000), holder.background_idle())
+        .await
+        .expect("held on every master");
+    let very_slow = || {
+        Options::default()
+            .retry(Retry::linear(Duration::from_secs(60)))
+            .timeout(Duration::from_secs(300))
+    };
+    let spawn_waiter = || -> Waiter {
+        let (client, options) = (waiting.clone(), very_slow());
+        tokio::spawn(async move { client.obtain("job", ms(60_000), &options).await })
+    };
+    let subscribers = async |i: usize| -> i64 {
+        let mut conn = support::connect(&servers[i]).await;
+        let (_, n): (String, i64) = lockset::redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(lockset::release_channel("job"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        n
+    };
+    // The first waiter subscribes while masters 0 and 1 cannot be reached for pub/sub, for
+    // longer than it takes the client to give up on that connection and replace it (two
+    // failed pings, 5 s apart, after redis-rs's reconnect budget).
+    for gate in &gates {
+        gate.close();
+    }
+    let first = spawn_waiter();
+    eventually(ms(10_000), "listening on master 2", async || {
+        subscribers(2).await == 1
+    })
+    .await;
+    tokio::time::sleep(ms(20_000)).await;
+    for gate in &gates {
+        gate.open();
+    }
+    // A second waiter of the same client joins the channel (live on master 2): it must
+    // subscribe again where nobody listens.
+    let second = spawn_waiter();
+    eventually(ms(15_000), "listening on every master again", async || {
+        subscribers(0).await == 1 && subscribers(1).await == 1
+    })
+    .await;
+    // Master 2 lost the key (a minority: the lock holds); only masters 0 and 1 announce.
+    let mut conn = support::connect(&servers[2]).await;
+    let _: i64 = lockset::redis::cmd("DEL")
+        .arg("job")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    held.release().await.unwrap();
+    let (lock, _, _) = timeout(
+        ms(10_000),
+        futures_util::future::select_all([first, second]),
+    )
+    .await
+    .expect("no waiter woken by the release");
+    lock.unwrap().unwrap();
+}
