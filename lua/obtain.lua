@@ -4,8 +4,8 @@
 -- ARGV[1]  owner tag: "<token length>:<token>"; it starts every value this owner writes
 -- ARGV[2]  the full value to store: owner tag followed by the caller's metadata
 -- ARGV[3]  time to live in milliseconds
--- ARGV[4]  "1" when the last key is a fencing counter to increment on success (a counter
---          that did not exist starts from the server's clock, see below)
+-- ARGV[4]  "1" when the last key is a fencing counter to increment on success (never to
+--          below the server's clock in microseconds, see below)
 -- ARGV[5]  "1" when the caller waits for a held key: mark the holder's value with a leading
 --          "!" so that its release announces itself (see release.lua)
 --
@@ -160,13 +160,15 @@ if counter then
   if type(fence) == 'table' then
     return failed(fence, counter)
   end
-  if fence == 1 then
-    -- A new counter, or one a server restarted without persistence forgot: start from the
-    -- server's clock in microseconds, above every token minted before (unless that counter
-    -- minted more than one token per microsecond, or the clock went back). Exact in Lua's
-    -- doubles until the year 2255.
-    local now = redis.call('TIME')
-    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  -- Never below the server's clock in microseconds: a counter that is new, that a server
+  -- restarted without persistence forgot, or that came back older (an old snapshot, a
+  -- replica promoted while behind) still mints tokens above every token minted before, each
+  -- of which was at most the clock at its time (unless the clock went back). Exact in Lua's
+  -- doubles until the year 2255.
+  local now = redis.call('TIME')
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  if clock > fence then
+    fence = clock
     redis.call('SET', counter, string.format('%.0f', fence))
   end
   if fence < 1 then

@@ -723,6 +723,14 @@ impl Subscription {
         }
     }
 
+    /// Starts subscribing in the background when the server lacks this subscription, as
+    /// far as is known (without waiting for it).
+    pub(crate) fn renew(&self) {
+        if !self.is_live() {
+            self.start_subscribing();
+        }
+    }
+
     /// Starts a task that subscribes, unless one is running.
     fn start_subscribing(&self) {
         if self.state.subscribing.swap(true, Ordering::AcqRel) {

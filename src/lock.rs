@@ -172,9 +172,10 @@ where
     /// re-obtain by the same token (which therefore supersedes the earlier one: use the
     /// highest you hold). Send it with every write to the protected resource, and have the
     /// resource reject a token lower than the highest it has seen. The counter is never
-    /// reset by release or expiry. A counter that does not exist, also one that a server
-    /// restarted without persistence forgot, starts from the server's clock in microseconds,
-    /// so tokens keep increasing across such a restart (unless the server's clock went back).
+    /// reset by release or expiry. A token is the counter plus one or the server's clock in
+    /// microseconds, whichever is higher, so tokens keep increasing also when a server
+    /// restarted without persistence forgot the counter, or it came back older (unless the
+    /// server's clock went back).
     pub fn fencing_token(&self) -> Option<u64> {
         self.fence
     }

@@ -118,6 +118,12 @@ impl<'a> Waiter<'a> {
             .first()
             .is_some_and(|s| s.channel() == channel);
         if same && self.listening() {
+            // Listening on one server is enough to be woken, but not for good: where the
+            // subscription lapsed (a quorum master's connection was replaced), subscribe again
+            // in the background; while another master stays live, nobody else would.
+            for subscription in &self.listening {
+                subscription.renew();
+            }
             return false;
         }
         if !same {
