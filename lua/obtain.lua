@@ -160,6 +160,10 @@ if counter then
   if type(fence) == 'table' then
     return failed(fence, counter)
   end
+  if fence < 1 then
+    undo()
+    return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. fence .. ', not positive')
+  end
   -- Never below the server's clock in microseconds: a counter that is new, that a server
   -- restarted without persistence forgot, or that came back older (an old snapshot, a
   -- replica promoted while behind) still mints tokens above every token minted before, each
@@ -170,10 +174,6 @@ if counter then
   if clock > fence then
     fence = clock
     redis.call('SET', counter, string.format('%.0f', fence))
-  end
-  if fence < 1 then
-    undo()
-    return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. fence .. ', not positive')
   end
 end
 
