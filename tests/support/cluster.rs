@@ -62,13 +62,19 @@ impl Cluster {
     /// The index of the node serving `slot`, asked until one says so (a node's answer can
     /// be missing for a moment on a loaded machine).
     pub fn owner_of(&self, slot: u16) -> usize {
+        self.find_owner_of(slot)
+            .unwrap_or_else(|| panic!("no node serves slot {slot}"))
+    }
+
+    /// The index of the node serving `slot`, asked for 5 s; `None` when no node says so.
+    pub fn find_owner_of(&self, slot: u16) -> Option<usize> {
         for _ in 0..100 {
             if let Some(owner) = self.try_owner_of(slot) {
-                return owner;
+                return Some(owner);
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        panic!("no node serves slot {slot}");
+        None
     }
 
     fn try_owner_of(&self, slot: u16) -> Option<usize> {

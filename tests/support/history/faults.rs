@@ -383,10 +383,15 @@ async fn migrate(servers: &Servers, slot: u16, shift: usize) {
     #[cfg(feature = "cluster")]
     if let Servers::Cluster(cluster) = servers {
         let cluster = cluster.clone();
-        let moved = move || {
-            let from = cluster.owner_of(slot);
-            let to = (from + shift) % cluster.nodes.len();
-            cluster.migrate_slot(slot, from, to);
+        let moved = move || match cluster.find_owner_of(slot) {
+            Some(from) => {
+                let to = (from + shift) % cluster.nodes.len();
+                cluster.migrate_slot(slot, from, to);
+            }
+            // A migration that met a paused node can leave the slot claimed by nobody (an
+            // operator's mistake, not the lock's): give it to a node, as an operator would.
+            // Meanwhile the lock saw CLUSTERDOWN errors, which it must survive.
+            None => cluster.end_migration(slot, shift % cluster.nodes.len()),
         };
         tokio::task::spawn_blocking(moved).await.expect("migrate");
     }
