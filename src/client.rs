@@ -16,6 +16,7 @@ use crate::error::{Error, InvalidInput, Result, is_outcome_unknown};
 use crate::events::Events;
 use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
+use crate::mode::{self, Mode, Modes};
 use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::policy::{self, Held, Step, Waiter, Watch};
@@ -349,7 +350,12 @@ where
         ttl: Duration,
         options: &Options,
     ) -> Result<Lock<C>> {
-        self.obtain_keys(vec![key.into_key()], ttl, options).await
+        let (key, mode) = key.into_key_and_mode();
+        let modes = match mode {
+            Mode::Exclusive => Vec::new(),
+            mode => vec![mode],
+        };
+        self.obtain_keys(vec![key], modes, ttl, options).await
     }
 
     /// Locks every key of `keys` for `ttl`, all or nothing: either every key is locked or
@@ -372,8 +378,8 @@ where
         I: IntoIterator,
         I::Item: IntoKey,
     {
-        let keys = keys.into_iter().map(IntoKey::into_key).collect();
-        self.obtain_keys(keys, ttl, options).await
+        let (keys, modes) = mode::split(keys);
+        self.obtain_keys(keys, modes, ttl, options).await
     }
 
     /// A handle on the lock that `options`' token holds on `keys` now, made elsewhere: by
@@ -409,8 +415,8 @@ where
         I: IntoIterator,
         I::Item: IntoKey,
     {
-        let keys: Vec<String> = keys.into_iter().map(IntoKey::into_key).collect();
-        validate::keys(&keys)?;
+        let (keys, modes) = mode::split(keys);
+        let modes = checked_modes(&keys, modes)?;
         let ttl = Ttl::new(ttl)?;
         let token = options
             .token
@@ -428,6 +434,7 @@ where
             value: &value,
             ttl,
             counter: None,
+            modes: modes.as_ref(),
         };
         let sent = Instant::now();
         let Some(left) = self.backend().pttl(&claim).await? else {
@@ -442,6 +449,7 @@ where
         let valid_for = left.saturating_sub(self.backend().drift(left));
         let obtained = Obtained {
             keys,
+            modes,
             owner,
             metadata: options.metadata.clone(),
             ttl,
@@ -510,6 +518,7 @@ where
     async fn obtain_keys(
         &self,
         keys: Vec<String>,
+        modes: Vec<Mode>,
         ttl: Duration,
         options: &Options,
     ) -> Result<Lock<C>> {
@@ -517,13 +526,14 @@ where
         let span = op_span!("lockset.obtain", &keys);
         let mut watch = Watch::new(&keys, options.on_retry.as_ref());
         let obtained = self
-            .try_obtain(&keys, ttl, options, start, &mut watch)
+            .try_obtain(&keys, modes, ttl, options, start, &mut watch)
             .instrument(span.clone())
             .await;
         finished(&span, watch.attempts, start, &obtained);
         let won = obtained?;
         let obtained = Obtained {
             keys,
+            modes: won.modes,
             owner: won.owner,
             metadata: options.metadata.clone(),
             ttl: won.ttl,
@@ -538,12 +548,13 @@ where
     async fn try_obtain(
         &self,
         keys: &[String],
+        modes: Vec<Mode>,
         ttl: Duration,
         options: &Options,
         start: Instant,
         watch: &mut Watch<'_>,
     ) -> Result<Won> {
-        validate::keys(keys)?;
+        let modes = checked_modes(keys, modes)?;
         let ttl = Ttl::new(ttl)?;
         let custom = options.token.as_deref().map(Owner::custom).transpose()?;
         let counter = self.fencing_counter(keys, options)?;
@@ -558,13 +569,15 @@ where
             metadata: &options.metadata,
             ttl,
             counter: counter.as_deref(),
+            modes: modes.as_ref(),
         };
         let deadline = options.deadline_from(start, ttl.duration);
         let mut waiter = Waiter::for_keys(self.events(), keys);
-        policy::run(&options.retry, deadline, &mut waiter, watch, |how| {
+        let won = policy::run(&options.retry, deadline, &mut waiter, watch, |how| {
             attempt.run(how)
         })
-        .await
+        .await?;
+        Ok(Won { modes, ..won })
     }
 
     /// The fencing counter key, when `options` ask for fencing tokens.
@@ -608,10 +621,13 @@ struct Attempt<'a, C> {
     metadata: &'a str,
     ttl: Ttl,
     counter: Option<&'a str>,
+    modes: Option<&'a Modes>,
 }
 
 /// A successful attempt.
 struct Won {
+    /// Filled in once the attempts are over.
+    modes: Option<Modes>,
     owner: Owner,
     ttl: Ttl,
     fence: Option<u64>,
@@ -644,6 +660,7 @@ where
             value: &value,
             ttl: self.ttl,
             counter: self.counter,
+            modes: self.modes,
         };
         let random = self.custom.is_none();
         let sent = Instant::now();
@@ -663,6 +680,7 @@ where
                 let valid_for = ttl.saturating_sub(self.client.backend().drift(ttl));
                 let valid_until = sent.checked_add(valid_for).unwrap_or(sent);
                 Step::Done(Won {
+                    modes: None,
                     owner: owner.into_owned(),
                     ttl: self.ttl,
                     fence,
@@ -677,6 +695,15 @@ where
             Err(err) => Step::from_error(err),
         }
     }
+}
+
+/// Checks a key set and its modes (see [`mode::split`]): a plain lock's modes are `None`.
+fn checked_modes(keys: &[String], modes: Vec<Mode>) -> Result<Option<Modes>> {
+    if !modes.is_empty() {
+        mode::check_repeats(keys, &modes)?;
+    }
+    validate::keys(keys)?;
+    Ok(Modes::new(keys, modes)?)
 }
 
 /// Releases by token in the background when an attempt is dropped mid-flight, or ends

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::mode::Mode;
+
 /// What went wrong with a lock operation.
 ///
 /// Match on the variants you care about; three helper methods group the ones that mean the
@@ -58,6 +60,20 @@ pub enum Error {
     /// is left expires with the TTL. With a custom token, obtain again with it to find out.
     #[error("obtain got no reply from Redis ({0}); the outcome is unknown")]
     UnknownOutcome(#[source] redis::RedisError),
+
+    /// A key is held in a mode that cannot go with the one asked for, and never will: it is
+    /// shared and a permit was asked for, or the other way round, or its holders hold
+    /// permits under another limit. Nothing was changed. (A key held exclusively, or in the
+    /// other of two compatible modes, is simply held: [`Error::NotObtained`].)
+    #[error("key {key:?} is held as {held}, but was asked for as {requested}")]
+    ModeMismatch {
+        /// The key.
+        key: String,
+        /// The mode its holders hold it in.
+        held: Mode,
+        /// The mode asked for.
+        requested: Mode,
+    },
 
     /// Redis returned an error, or the connection failed.
     #[error("redis error: {0}")]
@@ -371,6 +387,23 @@ pub enum InvalidInput {
     /// A custom token is the empty string.
     #[error("invalid input: the custom token is empty")]
     EmptyToken,
+    /// A permit's limit is zero: nobody could ever hold the key.
+    #[error("invalid input: key {key:?} asks for one of 0 permits")]
+    ZeroLimit {
+        /// The key.
+        key: String,
+    },
+    /// One key is asked for twice, in two different modes (shared and exclusive, or two
+    /// different permit limits).
+    #[error("invalid input: key {key:?} is asked for both as {first} and as {second}")]
+    ConflictingModes {
+        /// The key.
+        key: String,
+        /// The mode asked for first.
+        first: Mode,
+        /// The mode asked for next.
+        second: Mode,
+    },
     /// [`Client::adopt`](crate::Client::adopt) needs the token of the lock to adopt.
     #[error("invalid input: adopting a lock needs its token (Options::token)")]
     TokenRequired,

@@ -2,6 +2,8 @@
 
 use std::borrow::Cow;
 
+use crate::mode::Mode;
+
 /// A lock key: anything string-like, so that [`Client::obtain_multi`](crate::Client::obtain_multi)
 /// takes the keys callers have, without conversions.
 ///
@@ -21,9 +23,40 @@ use std::borrow::Cow;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// A key paired with a [`Mode`], `(key, mode)`, asks for the key in that mode; a key alone
+/// is [`Mode::Exclusive`].
 pub trait IntoKey {
     /// The key as an owned string (moved, not copied, when it already is one).
     fn into_key(self) -> String;
+
+    /// The key and the mode it is asked for in: exclusive unless paired with a mode.
+    fn into_key_and_mode(self) -> (String, Mode)
+    where
+        Self: Sized,
+    {
+        (self.into_key(), Mode::Exclusive)
+    }
+}
+
+impl<K: IntoKey> IntoKey for (K, Mode) {
+    fn into_key(self) -> String {
+        self.0.into_key()
+    }
+
+    fn into_key_and_mode(self) -> (String, Mode) {
+        (self.0.into_key(), self.1)
+    }
+}
+
+impl<K: IntoKey + Clone> IntoKey for &(K, Mode) {
+    fn into_key(self) -> String {
+        self.0.clone().into_key()
+    }
+
+    fn into_key_and_mode(self) -> (String, Mode) {
+        (self.0.clone().into_key(), self.1)
+    }
 }
 
 impl IntoKey for String {

@@ -11,6 +11,7 @@ use tracing::Instrument as _;
 
 use crate::error::{Error, Result};
 use crate::events::{after_queueing, release_payload};
+use crate::mode::{Mode, Modes};
 use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::policy::{self, Step, Waiter, Watch};
@@ -31,6 +32,8 @@ use crate::value::Owner;
 pub struct Lock<C> {
     shared: Arc<Shared<C>>,
     keys: Vec<String>,
+    /// Each key's mode, unless every key is exclusive.
+    modes: Option<Modes>,
     owner: Owner,
     metadata: String,
     ttl: Ttl,
@@ -111,6 +114,7 @@ impl Validity {
 /// What a successful obtain hands to [`Lock::new`].
 pub(crate) struct Obtained {
     pub(crate) keys: Vec<String>,
+    pub(crate) modes: Option<Modes>,
     pub(crate) owner: Owner,
     pub(crate) metadata: String,
     pub(crate) ttl: Ttl,
@@ -128,6 +132,7 @@ where
         Self {
             shared,
             keys: obtained.keys,
+            modes: obtained.modes,
             owner: obtained.owner,
             metadata: obtained.metadata,
             ttl: obtained.ttl,
@@ -153,6 +158,14 @@ where
     /// Every key of the lock, in the order given to obtain.
     pub fn keys(&self) -> &[String] {
         &self.keys
+    }
+
+    /// The mode each key is held in, in the order of [`Lock::keys`].
+    pub fn modes(&self) -> Vec<Mode> {
+        match &self.modes {
+            Some(modes) => modes.list().to_vec(),
+            None => vec![Mode::Exclusive; self.keys.len()],
+        }
     }
 
     /// The lock's token: whoever knows it owns the lock. Keep it secret.
@@ -223,6 +236,7 @@ where
             value,
             ttl,
             counter: None,
+            modes: self.modes.as_ref(),
         }
     }
 

@@ -202,7 +202,7 @@ where
     F: FnMut(Try) -> Fut,
     Fut: Future<Output = Step<T>>,
 {
-    let mut backoff = retry.backoff();
+    let mut backoff = retry.backoff().peekable();
     waiter.join_live();
     let mut rechecked = false;
     // The last wait ended with a release event.
@@ -212,6 +212,7 @@ where
             mark_holder: waiter.marking(),
             // Nothing but the holder's expiry can wake a waiter that cannot listen.
             holder_ttl: waiter.events.is_empty(),
+            retries: backoff.peek().is_some(),
         };
         watch.attempts += 1;
         let Some(step) = until_deadline(deadline, attempt(how)).await else {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::InvalidInput;
+use crate::mode::Modes;
 use crate::validate;
 use crate::value::Owner;
 
@@ -33,6 +34,9 @@ pub(crate) struct Claim<'a> {
     pub(crate) value: &'a str,
     pub(crate) ttl: Ttl,
     pub(crate) counter: Option<&'a str>,
+    /// Each key's mode, for a lock that holds some key shared or as a permit; `None` for a
+    /// plain lock (every key exclusive).
+    pub(crate) modes: Option<&'a Modes>,
 }
 
 impl Claim<'_> {
@@ -44,6 +48,7 @@ impl Claim<'_> {
             value: self.value.to_owned(),
             ttl: self.ttl,
             counter: self.counter.map(str::to_owned),
+            modes: self.modes.cloned(),
         })
     }
 }
@@ -56,6 +61,7 @@ pub(crate) struct OwnedClaim {
     value: String,
     ttl: Ttl,
     counter: Option<String>,
+    modes: Option<Modes>,
 }
 
 impl OwnedClaim {
@@ -66,6 +72,7 @@ impl OwnedClaim {
             value: &self.value,
             ttl: self.ttl,
             counter: self.counter.as_deref(),
+            modes: self.modes.as_ref(),
         }
     }
 }
@@ -78,4 +85,7 @@ pub(crate) struct Try {
     /// Learn the holder's remaining TTL, if the lock is held, also where that costs a
     /// second round trip (the script-free single-key path).
     pub(crate) holder_ttl: bool,
+    /// The caller tries again if the lock is held: an exclusive obtain blocked by shared or
+    /// permit holders then keeps new ones out until it tries again (writers first).
+    pub(crate) retries: bool,
 }

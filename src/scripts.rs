@@ -1,4 +1,4 @@
-//! The four bundled Lua scripts, each hashed once and run by EVALSHA (sent whole by EVAL
+//! The bundled Lua scripts, each hashed once and run by EVALSHA (sent whole by EVAL
 //! when the server answers NOSCRIPT), and the codes they reply with.
 
 use std::sync::LazyLock;
@@ -33,12 +33,19 @@ pub(crate) static REFRESH: LazyLock<Lua> =
 pub(crate) static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../lua/release.lua")));
 
+/// Every operation on a lock that holds some key shared or as a permit.
+pub(crate) static MODES: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../lua/modes.lua")));
+
 /// Reply of `obtain.lua` for success: `{OBTAINED, fence}`.
 pub(crate) const OBTAINED: i64 = 1;
 /// Reply of `obtain.lua` when another owner holds a key: `{HELD, pttl, index}`.
 pub(crate) const HELD: i64 = 0;
 /// Reply of `obtain.lua` when a key holds a non-string value: `{WRONG_TYPE, key}`.
 pub(crate) const WRONG_TYPE: i64 = 2;
+/// Reply of `modes.lua`'s obtain when a key is held in a mode that cannot go with the one
+/// asked for: `{MODE_MISMATCH, index, stored mode}`.
+pub(crate) const MODE_MISMATCH: i64 = 3;
 /// Reply of `pttl.lua` when some key is another owner's.
 pub(crate) const PTTL_NOT_HELD: i64 = -2;
 /// Reply of `pttl.lua` when some keys are missing and none is another owner's.

@@ -10,6 +10,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
+use crate::mode::{Mode, Modes};
 use crate::request::{Claim, Try};
 use crate::scripts::{self, Lua};
 
@@ -96,6 +97,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// key found held by the script-free path is asked for its TTL (a second round trip,
     /// only when held).
     pub(crate) async fn obtain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
+        if let Some(modes) = claim.modes {
+            return self.obtain_by_modes(claim, modes, how).await;
+        }
+        match self.obtain_plain(claim, how).await {
+            // Maybe a key that locks with modes hold shared or as permits: only their
+            // script knows (one more round trip, only for such keys).
+            Err(Error::WrongType { .. }) => {
+                let modes = Modes::exclusive(claim.keys.len());
+                self.obtain_by_modes(claim, &modes, how).await
+            }
+            outcome => outcome,
+        }
+    }
+
+    async fn obtain_plain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
         if claim.counter.is_none()
             && let [key] = claim.keys
             && self.set_nx_get.load(Ordering::Relaxed)
@@ -113,6 +129,29 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             }
         }
         self.obtain_by_script(claim, how.mark_holder).await
+    }
+
+    /// Tries once to lock every key of `claim` in its mode, by `modes.lua`.
+    async fn obtain_by_modes(&self, claim: &Claim<'_>, modes: &Modes, how: Try) -> Result<Obtain> {
+        let args = (
+            "obtain",
+            modes.encoded(),
+            claim.owner.tag(),
+            claim.value,
+            claim.ttl.millis,
+            u8::from(claim.counter.is_some()),
+            u8::from(how.mark_holder),
+            u8::from(how.retries),
+        );
+        let reply = self
+            .invoke(&scripts::MODES, claim.keys, claim.counter, args)
+            .await?;
+        if let Value::Array(items) = &reply
+            && let [Value::Int(scripts::MODE_MISMATCH), Value::Int(index), held] = items.as_slice()
+        {
+            return Err(mode_mismatch(claim.keys, modes, *index, held));
+        }
+        parse_obtain_reply(reply)
     }
 
     /// What is left of `key`'s TTL, as the script reports a holder's: `None` without an
@@ -178,8 +217,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// The smallest remaining TTL across the keys, if they are ours. A lock held without
     /// expiry reports `Duration::MAX`.
     pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Holding<Duration>> {
-        let args = (claim.owner.tag(), claim.value);
-        let left: i64 = self.invoke(&scripts::PTTL, claim.keys, None, args).await?;
+        let left: i64 = match claim.modes {
+            Some(modes) => {
+                let args = ("pttl", modes.encoded(), claim.owner.tag(), claim.value);
+                self.invoke(&scripts::MODES, claim.keys, None, args).await?
+            }
+            None => {
+                let args = (claim.owner.tag(), claim.value);
+                self.invoke(&scripts::PTTL, claim.keys, None, args).await?
+            }
+        };
         Ok(match left {
             scripts::PTTL_NOT_HELD => Holding::Foreign,
             scripts::PTTL_MISSING => Holding::Missing,
@@ -198,9 +245,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             claim.ttl.millis,
             u8::from(restore),
         );
-        let done: i64 = self
-            .invoke(&scripts::REFRESH, claim.keys, None, args)
-            .await?;
+        let done: i64 = match claim.modes {
+            Some(modes) => {
+                let args = ("refresh", modes.encoded(), args);
+                self.invoke(&scripts::MODES, claim.keys, None, args).await?
+            }
+            None => {
+                self.invoke(&scripts::REFRESH, claim.keys, None, args)
+                    .await?
+            }
+        };
         Ok(Holding::from_reply(done, ()))
     }
 
@@ -212,9 +266,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         payload: Option<&str>,
     ) -> Result<Holding<()>> {
         let args = self.release_args(claim, payload);
-        let done: i64 = self
-            .invoke(&scripts::RELEASE, claim.keys, None, args)
-            .await?;
+        let done: i64 = match claim.modes {
+            Some(modes) => {
+                let args = ("release", modes.encoded(), args);
+                self.invoke(&scripts::MODES, claim.keys, None, args).await?
+            }
+            None => {
+                self.invoke(&scripts::RELEASE, claim.keys, None, args)
+                    .await?
+            }
+        };
         Ok(Holding::from_reply(done, ()))
     }
 
@@ -241,10 +302,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// obtain and must not depend on a NOSCRIPT fallback that nobody will be waiting to run.
     /// Keys that somebody waits for are announced: the waiter marked them meanwhile.
     pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
-        let done: i64 = redis::cmd("EVAL")
-            .arg(scripts::RELEASE.source)
-            .arg(claim.keys.len())
-            .arg(claim.keys)
+        let mut eval = redis::cmd("EVAL");
+        match claim.modes {
+            Some(_) => eval.arg(scripts::MODES.source),
+            None => eval.arg(scripts::RELEASE.source),
+        };
+        eval.arg(claim.keys.len()).arg(claim.keys);
+        if let Some(modes) = claim.modes {
+            eval.arg("release").arg(modes.encoded());
+        }
+        let done: i64 = eval
             .arg(self.release_args(claim, Some("")))
             .query_async(&mut self.conn.clone())
             .await?;
@@ -310,6 +377,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
 fn is_syntax_error(err: &RedisError) -> bool {
     err.code() == Some("ERR") && err.detail().is_some_and(|d| d.contains("syntax error"))
+}
+
+/// The error for `modes.lua`'s reply that `keys[index - 1]` is held as `held`.
+fn mode_mismatch(keys: &[String], modes: &Modes, index: i64, held: &Value) -> Error {
+    let index = usize::try_from(index - 1).unwrap_or(0);
+    let held: String = redis::from_redis_value_ref(held).unwrap_or_default();
+    Error::ModeMismatch {
+        key: keys.get(index).cloned().unwrap_or_default(),
+        held: Mode::from_code(&held).unwrap_or(Mode::Shared),
+        requested: modes.list().get(index).copied().unwrap_or(Mode::Shared),
+    }
 }
 
 fn parse_obtain_reply(reply: Value) -> Result<Obtain> {

@@ -1,0 +1,389 @@
+-- Every operation on a lock with modes: exclusive keys mixed with shared (read) keys and
+-- counted keys (one of N permits), all or nothing. One script for the four operations, so
+-- that the storage of a shared or counted key is written down in one place.
+--
+-- KEYS     the lock's keys; for an obtain with fencing, followed by the fencing counter
+-- ARGV[1]  the operation: "obtain", "pttl", "refresh" or "release"
+-- ARGV[2]  each key's mode, in the order of KEYS, separated by ",": "x" exclusive, "s"
+--          shared, "p<N>" one of N permits
+-- ARGV[3]  owner tag: "<token length>:<token>"
+-- ARGV[4]  the lock's value: owner tag followed by the caller's metadata
+-- ARGV[5]  obtain, refresh: time to live in ms; release: the announce command, or ""
+-- ARGV[6]  obtain: "1" when the last key is a fencing counter; refresh: "1" to re-create
+--          missing keys (Redlock); release: the announcement's payload
+-- ARGV[7]  obtain: "1" when the caller waits for release events (marks what blocks it)
+-- ARGV[8]  obtain: "1" when the caller will try again if blocked (a writer queues, below)
+--
+-- Storage. An exclusive key is a string, exactly as a lock without modes writes it. A shared
+-- or counted key is a sorted set of
+--   "=s" or "=p<N>"  (score -inf) the key's mode, and the sign that this library wrote it;
+--   "=w"             (score -inf) somebody waits: a release that makes room announces it;
+--   "=x"             (score: until when) an exclusive obtain waits for the holders to leave;
+--                    until then no lock that writes nothing gets in (writers first);
+--   each holder's value (owner tag + metadata), scored by when it expires, in ms of the
+--   server's clock (TIME: allowed, scripts replicate their effects).
+-- The set expires with its latest member. Expired members are removed on every touch; a set
+-- left with no holder and no waiting writer is deleted.
+--
+-- Replies, as the scripts for locks without modes give them:
+--   obtain   {1, fence} | {0, pttl, i} | {2, key} (another type) | {3, i, stored mode}
+--   pttl     smallest remaining ms | -1 no expiry | -2 another owner's | -3 missing
+--   refresh, release   1 done | 0 another owner's | 2 missing (nothing changed)
+local op, owner, value = ARGV[1], ARGV[3], ARGV[4]
+local n = #owner
+local modes = {}
+for mode in string.gmatch(ARGV[2], '[^,]+') do
+  modes[#modes + 1] = mode
+end
+local count = #modes
+
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
+
+-- Whether a string value is ours: whole, by tag, or by tag behind a waiter's mark.
+local function owned(current)
+  return current == value or string.sub(current, 1, n) == owner
+    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)
+end
+
+-- What a key is: "free", "string", "set" (with its mode member) or "foreign".
+local function kind(key)
+  local type = redis.call('TYPE', key)['ok']
+  if type == 'none' then
+    return 'free'
+  elseif type == 'string' then
+    return 'string'
+  elseif type == 'zset' then
+    local meta = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf')
+    for j = 1, #meta do
+      if meta[j] == '=s' or string.match(meta[j], '^=p%d+$') then
+        return 'set', meta[j]
+      end
+    end
+  end
+  return 'foreign'
+end
+
+-- Removes the set's expired members.
+local function prune(key)
+  redis.call('ZREMRANGEBYSCORE', key, '(-inf', now)
+end
+
+-- The set expires with its latest member; with no holder and no waiting writer it goes.
+local function expire_set(key)
+  local last = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #last == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('PEXPIRE', key, math.max(1, math.ceil(tonumber(last[2]) - now)))
+  end
+end
+
+-- This owner's member of a set and its score: by value, or by tag (a re-obtain by token
+-- may have changed the metadata).
+local function own_member(key)
+  local score = redis.call('ZSCORE', key, value)
+  if score then
+    return value, tonumber(score)
+  end
+  local members = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf', 'WITHSCORES')
+  for j = 1, #members, 2 do
+    if string.sub(members[j], 1, n) == owner then
+      return members[j], tonumber(members[j + 1])
+    end
+  end
+  return nil
+end
+
+-- The holders of a set (not counting a waiting writer): how many, the earliest expiry and
+-- the latest.
+local function holders(key)
+  local members = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf', 'WITHSCORES')
+  local number, first, last = 0, nil, nil
+  for j = 1, #members, 2 do
+    if members[j] ~= '=x' then
+      local score = tonumber(members[j + 1])
+      number = number + 1
+      first = first or score
+      last = score
+    end
+  end
+  return number, first, last
+end
+
+-- Where a key of the lock stands for this owner: "ours", "missing" or "foreign"; for an
+-- exclusive key also its value, for a set key our member and its score.
+local function state(key, mode)
+  local what = kind(key)
+  if what == 'free' then
+    return 'missing'
+  elseif what == 'foreign' then
+    return 'foreign'
+  elseif mode == 'x' then
+    if what ~= 'string' then
+      return 'foreign'
+    end
+    local current = redis.call('GET', key)
+    return owned(current) and 'ours' or 'foreign', current
+  elseif what == 'string' then
+    return 'foreign'
+  end
+  prune(key)
+  local member, score = own_member(key)
+  if member then
+    return 'ours', member, score
+  end
+  return 'missing'
+end
+
+-- Checks every key of a held lock; returns the first failure's reply, or nil and each
+-- key's state.
+local function check_all(foreign, missing, restore)
+  local states, gone = {}, false
+  for i = 1, count do
+    local found, a, b = state(KEYS[i], modes[i])
+    if found == 'foreign' then
+      return foreign
+    end
+    gone = gone or found == 'missing'
+    states[i] = {found, a, b}
+  end
+  if gone and not restore then
+    return missing
+  end
+  return nil, states
+end
+
+local function pttl()
+  local failed, states = check_all(-2, -3, false)
+  if failed then
+    return failed
+  end
+  local least = -1
+  for i = 1, count do
+    local left
+    if modes[i] == 'x' then
+      left = redis.call('PTTL', KEYS[i])
+    else
+      left = math.ceil(states[i][3] - now)
+    end
+    if left >= 0 and (least < 0 or left < least) then
+      least = left
+    end
+  end
+  return least
+end
+
+-- Adds `member` to a set key (made with `mode` when missing), to expire at `expiry`.
+local function join_set(key, mode, member, expiry)
+  redis.call('ZADD', key, '-inf', '=' .. mode, expiry, member)
+  expire_set(key)
+end
+
+local function refresh()
+  local ttl, restore = tonumber(ARGV[5]), ARGV[6] == '1'
+  local failed, states = check_all(0, 2, restore)
+  if failed then
+    return failed
+  end
+  for i = 1, count do
+    local key, mode, found = KEYS[i], modes[i], states[i][1]
+    if mode == 'x' then
+      if found == 'ours' then
+        redis.call('PEXPIRE', key, ttl)
+      else
+        redis.call('SET', key, value, 'PX', ttl)
+      end
+    elseif found == 'ours' then
+      join_set(key, mode, states[i][2], now + ttl)
+    else
+      -- Re-created (a Redlock master that restarted empty) only where there is room.
+      local what, stored = kind(key)
+      local room = what == 'free' or stored == '=' .. mode
+      if room and mode ~= 's' and what ~= 'free' then
+        room = holders(key) < tonumber(string.sub(mode, 2))
+      end
+      if not room then
+        return 2
+      end
+      join_set(key, mode, value, now + ttl)
+    end
+  end
+  return 1
+end
+
+local function release()
+  local announce, payload = ARGV[5], ARGV[6]
+  if announce == 'SPUBLISH' and (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
+    announce = 'PUBLISH'
+  end
+  local failed, states = check_all(0, 2, false)
+  if failed then
+    return failed
+  end
+  local announced = {}
+  for i = 1, count do
+    local key, mode = KEYS[i], modes[i]
+    if mode == 'x' then
+      redis.call('DEL', key)
+      if string.byte(states[i][2], 1) == 33 then
+        announced[#announced + 1] = key
+      end
+    else
+      redis.call('ZREM', key, states[i][2])
+      -- Room was made for a waiter: a permit, or a key that no holder shares any more.
+      local waited = redis.call('ZSCORE', key, '=w')
+      if waited and (mode ~= 's' or holders(key) == 0) then
+        announced[#announced + 1] = key
+      end
+      expire_set(key)
+    end
+  end
+  if announce ~= '' then
+    for i = 1, #announced do
+      redis.pcall(announce, announced[i], payload)
+    end
+  end
+  return 1
+end
+
+-- Whether a value was written by this library (see obtain.lua): only those are marked.
+local function ours_to_mark(current)
+  local digits = string.match(current, '^(%d+):')
+  local len = tonumber(digits)
+  return len ~= nil and len > 0 and #current >= #digits + 1 + len
+end
+
+local function obtain()
+  local ttl, fencing = tonumber(ARGV[5]), ARGV[6] == '1'
+  local mark, retries = ARGV[7] == '1', ARGV[8] == '1'
+  local plans = {}
+  -- A lock that writes some key reads past waiting writers: it may itself be the waiting
+  -- writer that another such lock reads past, and two locks that each waited for the
+  -- other's writer would wait forever. Only locks that write nothing wait behind writers.
+  local writes = false
+  for i = 1, count do
+    writes = writes or modes[i] == 'x'
+  end
+
+  -- A held key: mark what blocks us as asked, and say for how long it is held.
+  local function held_string(i, current)
+    if mark and not owned(current) and ours_to_mark(current) then
+      redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
+    end
+    return {0, redis.call('PTTL', KEYS[i]), i}
+  end
+  local function held_set(i, free_at)
+    if mark then
+      redis.call('ZADD', KEYS[i], '-inf', '=w')
+    end
+    return {0, math.max(0, math.ceil(free_at - now)), i}
+  end
+
+  -- First every key is looked at, and nothing but marks is written; then every key is
+  -- written. A set whose holders all expired counts as free.
+  for i = 1, count do
+    local key, mode = KEYS[i], modes[i]
+    local what, stored = kind(key)
+    local number, first, last = 0, nil, nil
+    if what == 'set' then
+      prune(key)
+      number, first, last = holders(key)
+      if number == 0 and not redis.call('ZSCORE', key, '=x') then
+        redis.call('DEL', key)
+        what = 'free'
+      end
+    end
+    if what == 'foreign' then
+      return {2, key}
+    elseif what == 'free' then
+      plans[i] = 'new'
+    elseif what == 'string' then
+      local current = redis.call('GET', key)
+      if mode ~= 'x' or not owned(current) then
+        return held_string(i, current)
+      end
+      plans[i] = 'own'
+    elseif mode == 'x' then
+      if number > 0 then
+        -- Writers first: no new holder is let in until this writer tries again (it is
+        -- woken by the last release, or wakes when the last holder expires).
+        if retries then
+          local upto = now + math.max(ttl, last - now)
+          redis.call('ZADD', key, 'GT', upto, '=x')
+          expire_set(key)
+        end
+        return held_set(i, last)
+      end
+      plans[i] = 'replace'
+    elseif stored ~= '=' .. mode then
+      return {3, i, string.sub(stored, 2)}
+    else
+      local member, score = own_member(key)
+      if member then
+        plans[i] = {member, score}
+      else
+        local writer = not writes and redis.call('ZSCORE', key, '=x')
+        if writer then
+          return held_set(i, tonumber(writer))
+        end
+        if mode ~= 's' and number >= tonumber(string.sub(mode, 2)) then
+          return held_set(i, first)
+        end
+        plans[i] = 'join'
+      end
+    end
+  end
+
+  local fence = false
+  if fencing then
+    local counter = KEYS[count + 1]
+    fence = redis.call('INCR', counter)
+    if fence < 1 then
+      return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. fence .. ', not positive')
+    end
+    -- Never below the server's clock in microseconds (see obtain.lua).
+    local clock = tonumber(time[1]) * 1000000 + tonumber(time[2])
+    if clock > fence then
+      fence = clock
+      redis.call('SET', counter, string.format('%.0f', fence))
+    end
+  end
+
+  for i = 1, count do
+    local key, mode, plan = KEYS[i], modes[i], plans[i]
+    if plan == 'own' then
+      -- Never shorter than an earlier obtain by the same token was told; a waiter's mark
+      -- stays.
+      local current = redis.call('GET', key)
+      local stored = string.byte(current, 1) == 33 and '!' .. value or value
+      local left = redis.call('PTTL', key)
+      if left >= 0 and left < ttl then
+        redis.call('SET', key, stored, 'PX', ttl)
+      else
+        redis.call('SET', key, stored, 'KEEPTTL')
+      end
+    elseif mode == 'x' then
+      -- A set that somebody waited on becomes a value marked for its release to announce.
+      local waited = plan == 'replace' and redis.call('ZSCORE', key, '=w')
+      redis.call('DEL', key)
+      redis.call('SET', key, waited and '!' .. value or value, 'PX', ttl)
+    elseif plan == 'new' or plan == 'join' then
+      join_set(key, mode, value, now + ttl)
+    else
+      -- Ours already (a re-obtain by token): never shorter, the new metadata.
+      redis.call('ZREM', key, plan[1])
+      join_set(key, mode, value, math.max(plan[2], now + ttl))
+    end
+  end
+  return {1, fence}
+end
+
+if op == 'obtain' then
+  return obtain()
+elseif op == 'pttl' then
+  return pttl()
+elseif op == 'refresh' then
+  return refresh()
+end
+return release()
