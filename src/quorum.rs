@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
 use crate::error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
+use crate::mode::Mode;
 use crate::request::{Claim, OwnedClaim, Try};
 use crate::store::{Holding, Obtain, Store};
 use crate::tasks::Tasks;
@@ -184,6 +185,25 @@ where
         self.nodes.len() / 2 + 1
     }
 
+    /// How many masters must agree for `claim`: a majority, or more for a counted key. Each
+    /// master admits at most `limit` holders of such a key, so `limit + 1` holders can only
+    /// each be on `q` masters if `(limit + 1) × q ≤ limit × masters`: with
+    /// `q = limit × masters / (limit + 1) + 1` they cannot, and the limit holds across the
+    /// quorum as it does on each master. (A majority suffices for one permit, and for
+    /// shared keys, which admit any number of readers: a writer's majority meets every
+    /// reader's on some master.)
+    fn needed(&self, claim: &Claim<'_>) -> usize {
+        let masters = self.nodes.len();
+        let limits = claim.modes.into_iter().flat_map(|modes| modes.list());
+        limits
+            .filter_map(|mode| match mode {
+                Mode::Permit { limit } => usize::try_from(*limit).ok(),
+                _ => None,
+            })
+            .map(|limit| permit_quorum(limit, masters))
+            .fold(self.majority(), usize::max)
+    }
+
     /// The drift allowance for `ttl`: `ttl × factor + 2 ms`.
     pub(crate) fn drift(&self, ttl: Duration) -> Duration {
         ttl.mul_f64(self.config.drift_factor)
@@ -241,9 +261,10 @@ where
                 let _ = timeout(limit, store.release_by_eval(&claim)).await;
             }
         });
-        let (votes, mut decide) = ballot.count(self.majority()).await;
+        let needed = self.needed(claim);
+        let (votes, mut decide) = ballot.count(needed).await;
         let valid = self.still_valid(start, claim.ttl.duration);
-        let verdict = self.verdict(QuorumOp::Obtain, votes, valid);
+        let verdict = self.verdict(QuorumOp::Obtain, votes, valid, needed);
         let success = matches!(verdict, Ok(true));
         let stragglers = decide(success);
         let outcome = verdict.map(|obtained| match obtained {
@@ -275,9 +296,10 @@ where
                 let _ = timeout(limit, store.refresh(&claim, true)).await;
             }
         });
-        let (votes, mut decide) = ballot.count(self.majority()).await;
+        let needed = self.needed(claim);
+        let (votes, mut decide) = ballot.count(needed).await;
         let valid = self.still_valid(start, claim.ttl.duration);
-        let verdict = self.verdict(QuorumOp::Refresh, votes, valid);
+        let verdict = self.verdict(QuorumOp::Refresh, votes, valid, needed);
         let stragglers = decide(matches!(verdict, Ok(true)));
         (verdict, stragglers)
     }
@@ -287,8 +309,9 @@ where
     /// decide nothing: without a majority either way, this is an error.
     pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Option<Duration>> {
         let limit = self.node_timeout(claim.ttl.duration);
+        let needed = self.needed(claim);
         let votes = self
-            .vote_in_place(limit, true, |store| store.pttl(claim))
+            .vote_in_place(limit, needed, true, |store| store.pttl(claim))
             .await;
         let left = votes
             .iter()
@@ -305,8 +328,8 @@ where
             .into_iter()
             .map(|(i, vote)| (i, vote.map(|_| ())))
             .collect();
-        match self.verdict(QuorumOp::Ttl, votes, true)? {
-            true if yes >= self.majority() => Ok(left),
+        match self.verdict(QuorumOp::Ttl, votes, true, needed)? {
+            true if yes >= needed => Ok(left),
             _ => Ok(None),
         }
     }
@@ -315,10 +338,11 @@ where
     /// an announcement per master when `payload` is given; fine when a majority deleted it.
     pub(crate) async fn release(&self, claim: &Claim<'_>, payload: Option<&str>) -> Result<bool> {
         let limit = self.node_timeout(claim.ttl.duration);
+        let needed = self.needed(claim);
         let votes = self
-            .vote_in_place(limit, false, |store| store.release(claim, payload))
+            .vote_in_place(limit, needed, false, |store| store.release(claim, payload))
             .await;
-        self.verdict(QuorumOp::Release, votes, true)
+        self.verdict(QuorumOp::Release, votes, true, needed)
     }
 
     /// Releases on every master and waits for each (within the per-node limit): clean-up
@@ -371,6 +395,7 @@ where
     async fn vote_in_place<'a, T, F, Fut>(
         &'a self,
         limit: Duration,
+        needed: usize,
         early: bool,
         op: F,
     ) -> Vec<(usize, Vote<T>)>
@@ -387,7 +412,7 @@ where
                 async move { (index, answer.await) }
             })
             .collect();
-        let mut tally = Tally::new(self.nodes.len(), self.majority());
+        let mut tally = Tally::new(self.nodes.len(), needed);
         let mut votes = Vec::with_capacity(self.nodes.len());
         while let Some((index, answer)) = pending.next().await {
             let vote = Vote::from_answer(answer, limit);
@@ -402,19 +427,26 @@ where
 
     /// `Ok(true)` when a majority said yes (and `valid`), `Ok(false)` when a majority
     /// refused, else an error naming every master that did not agree, and why.
-    fn verdict(&self, op: QuorumOp, votes: Vec<(usize, Vote<()>)>, valid: bool) -> Result<bool> {
+    fn verdict(
+        &self,
+        op: QuorumOp,
+        votes: Vec<(usize, Vote<()>)>,
+        valid: bool,
+        needed: usize,
+    ) -> Result<bool> {
         let yes = votes
             .iter()
             .filter(|(_, v)| matches!(v, Vote::Yes(())))
             .count();
-        if yes >= self.majority() && valid {
+        if yes >= needed && valid {
             return Ok(true);
         }
         let not_ours = votes
             .iter()
             .filter(|(_, v)| matches!(v, Vote::No(_)))
             .count();
-        if not_ours >= self.majority() {
+        // Refused by a majority, or by so many that `needed` cannot be reached.
+        if not_ours >= self.majority().min(self.nodes.len() - needed + 1) {
             return Ok(false);
         }
         let mut failures: Vec<(usize, NodeFailure)> = votes
@@ -433,9 +465,9 @@ where
         Err(Error::Quorum {
             op,
             succeeded: yes,
-            needed: self.majority(),
+            needed,
             nodes: self.nodes.len(),
-            expired: yes >= self.majority(),
+            expired: yes >= needed,
             failures,
         })
     }
@@ -561,5 +593,40 @@ impl<C> fmt::Debug for Quorum<C> {
             .field("nodes", &self.nodes.len())
             .field("config", &self.config)
             .finish()
+    }
+}
+
+/// How many of `masters` must hold a permit of a key with `limit` permits, so that no
+/// more than `limit` holders can each hold it on that many (see [`Quorum::needed`]).
+fn permit_quorum(limit: usize, masters: usize) -> usize {
+    (limit.saturating_mul(masters) / limit.saturating_add(1))
+        .saturating_add(1)
+        .min(masters)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::permit_quorum;
+
+    /// `limit + 1` holders on `q` masters each would need more room than the masters have
+    /// (each admits `limit`), and `q - 1` would not be enough for that.
+    #[test]
+    fn permit_quorums_keep_the_limit_and_ask_no_more_than_needed() {
+        for masters in 1..=9 {
+            for limit in 1..=12 {
+                let q = permit_quorum(limit, masters);
+                assert!(
+                    (limit + 1) * q > limit * masters,
+                    "{limit} of {masters}: {q}"
+                );
+                assert!(
+                    (limit + 1) * (q - 1) <= limit * masters,
+                    "{limit} of {masters}: {q}"
+                );
+            }
+            assert_eq!(permit_quorum(1, masters), masters / 2 + 1);
+        }
+        assert_eq!(permit_quorum(2, 5), 4);
+        assert_eq!(permit_quorum(4, 5), 5);
     }
 }

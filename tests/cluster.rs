@@ -416,3 +416,77 @@ async fn a_stuck_shard_holds_up_neither_waiters_on_other_shards_nor_any_deadline
     cluster.nodes[stuck].resume();
     lock.release().await.unwrap();
 }
+
+/// A mixed lock on a cluster: its keys in one slot, readers share, and a waiting writer is
+/// woken by the last reader's release (sharded pub/sub).
+#[tokio::test]
+async fn modes_on_a_cluster() {
+    use lockset::Mode;
+    let cluster = Cluster::start();
+    let holder = client(&cluster).await;
+    let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let err = holder
+        .obtain_multi(
+            [("{a}:x", Mode::Shared), ("{b}:y", Mode::Exclusive)],
+            ms(1_000),
+            &Options::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::CrossSlot { .. })),
+        "{err:?}"
+    );
+    for tag in ["a", "b", "c", "d"] {
+        let (doc, job) = (format!("{{{tag}}}:doc"), format!("{{{tag}}}:job"));
+        let readers = [
+            holder
+                .obtain_multi(
+                    [
+                        (doc.as_str(), Mode::Shared),
+                        (job.as_str(), Mode::Permit { limit: 2 }),
+                    ],
+                    ms(60_000),
+                    &Options::default(),
+                )
+                .await
+                .unwrap(),
+            holder
+                .obtain_multi(
+                    [
+                        (doc.as_str(), Mode::Shared),
+                        (job.as_str(), Mode::Permit { limit: 2 }),
+                    ],
+                    ms(60_000),
+                    &Options::default(),
+                )
+                .await
+                .unwrap(),
+        ];
+        let writer = tokio::spawn({
+            let (waiting, doc) = (waiting.clone(), doc.clone());
+            async move { waiting.obtain(doc, ms(60_000), &slow_polling()).await }
+        });
+        let owner = cluster.owner_of(cluster.keyslot(&doc));
+        support::eventually(ms(10_000), "the writer queued", async || {
+            !cluster
+                .cli(owner, &["ZSCORE", &doc, "=x"])
+                .trim()
+                .is_empty()
+        })
+        .await;
+        let [first, second] = readers;
+        first.release().await.unwrap();
+        second.release().await.unwrap();
+        let released = tokio::time::Instant::now();
+        let lock = tokio::time::timeout(Duration::from_secs(30), writer)
+            .await
+            .expect("never woken")
+            .unwrap()
+            .unwrap();
+        let took = released.elapsed();
+        assert!(took < WOKEN_WITHIN, "{doc}: woken after {took:?}");
+        lock.release().await.unwrap();
+    }
+    assert_eq!(total_keys(&cluster), 0);
+}

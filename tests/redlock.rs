@@ -350,3 +350,102 @@ async fn contention_with_one_master_paused_at_a_time_never_breaks_exclusion() {
     shared.assert_exclusive((TASKS * ROUNDS) as u64);
     assert!(pauses > 0);
 }
+
+/// Shared and counted keys over a quorum: readers share a majority, a writer is refused,
+/// permits count per master, and a master restarted empty gets the share back by refresh.
+#[tokio::test]
+async fn modes_over_a_quorum() {
+    use lockset::Mode;
+    let mut m = Masters::start(config()).await;
+    let once = Options::default();
+    let reader = m
+        .redlock
+        .obtain_multi(
+            [
+                ("{q}:doc", Mode::Shared),
+                ("{q}:job", Mode::Permit { limit: 2 }),
+            ],
+            ms(30_000),
+            &once,
+        )
+        .await
+        .unwrap();
+    let other = m
+        .redlock
+        .obtain_multi(
+            [
+                ("{q}:doc", Mode::Shared),
+                ("{q}:job", Mode::Permit { limit: 2 }),
+            ],
+            ms(30_000),
+            &once,
+        )
+        .await
+        .unwrap();
+    let err = m
+        .redlock
+        .obtain("{q}:doc", ms(30_000), &once)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    let err = m
+        .redlock
+        .obtain(("{q}:job", Mode::Permit { limit: 2 }), ms(30_000), &once)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    other.release().await.unwrap();
+
+    m.servers[1].restart();
+    let value = format!("22:{}", reader.token());
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(10_000));
+    let start = Instant::now();
+    loop {
+        reader.refresh(ms(30_000), &options).await.unwrap();
+        let score: Option<f64> = m.cmd(1, &["ZSCORE", "{q}:doc", &value]).await;
+        if score.is_some() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never re-established"
+        );
+    }
+    reader.release().await.unwrap();
+    m.redlock.background_idle().await;
+    assert_eq!(m.dbsizes(0..5).await, vec![0; 5]);
+}
+
+/// A key with `limit` permits needs more than a majority: with 2 permits on 5 masters, a
+/// plain majority would let three holders in ({0,1,2}, {2,3,4}, {0,1,3} fill no master past
+/// 2), so each holder needs 4. One permit, and shared keys, need a majority.
+#[tokio::test]
+async fn permits_over_a_quorum_need_as_many_masters_as_their_limit_asks() {
+    use lockset::Mode;
+    let mut m = Masters::start(config()).await;
+    m.servers[3].stop();
+    m.servers[4].stop();
+    let options = Options::default();
+    let err = m
+        .redlock
+        .obtain(("two", Mode::Permit { limit: 2 }), ms(30_000), &options)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Quorum {
+                needed: 4,
+                succeeded: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    for mode in [Mode::Permit { limit: 1 }, Mode::Shared] {
+        let lock = m.redlock.obtain(("one", mode), ms(30_000), &options).await;
+        lock.unwrap().release().await.unwrap();
+    }
+}
