@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use lockset::Mode;
 use tokio::time::Instant;
 
 /// How late an obtain may return after its deadline.
@@ -71,6 +72,7 @@ struct Belief {
     client: usize,
     owner: Arc<str>,
     keys: Arc<[String]>,
+    modes: Arc<[Mode]>,
     start: Instant,
     end: Instant,
     origin: Arc<str>,
@@ -81,6 +83,15 @@ struct Belief {
     checked: bool,
     /// How many key lines still hold this belief.
     lines: usize,
+}
+
+impl Belief {
+    /// The mode this belief holds `key` in.
+    fn mode_of(&self, key: &str) -> Mode {
+        let at = self.keys.iter().position(|k| k == key);
+        at.and_then(|i| self.modes.get(i).copied())
+            .unwrap_or(Mode::Exclusive)
+    }
 }
 
 /// The beliefs of one key that may still matter.
@@ -108,6 +119,7 @@ pub struct Held {
     client: usize,
     owner: Arc<str>,
     keys: Arc<[String]>,
+    modes: Arc<[Mode]>,
     origin: Arc<str>,
     /// The open belief, if any (none while the lock is known lost).
     current: Option<u64>,
@@ -197,6 +209,7 @@ impl History {
         client: usize,
         owner: &str,
         keys: &[String],
+        modes: &[Mode],
         valid_until: Instant,
         fence: Option<(String, u64)>,
         what: String,
@@ -205,6 +218,7 @@ impl History {
             client,
             owner: owner.into(),
             keys: keys.into(),
+            modes: modes.into(),
             origin: what.into(),
             current: None,
         };
@@ -261,12 +275,14 @@ impl History {
         client: usize,
         owner: String,
         keys: &[String],
+        modes: &[Mode],
         what: String,
     ) -> Held {
         Held {
             client,
             owner: owner.into(),
             keys: keys.into(),
+            modes: modes.into(),
             origin: what.into(),
             current: None,
         }
@@ -372,6 +388,7 @@ impl History {
                 client: held.client,
                 owner: held.owner.clone(),
                 keys: held.keys.clone(),
+                modes: held.modes.clone(),
                 start,
                 end,
                 origin,
@@ -504,6 +521,7 @@ impl History {
                 }
                 self.judge(state, key, x, y);
             }
+            self.count_permits(state, key, x, &ids);
             let (owner, start) = (state.beliefs[&x].owner.clone(), state.beliefs[&x].start);
             for (other, end) in &dropped {
                 if *other != owner && start >= *end {
@@ -542,6 +560,10 @@ impl History {
         if a.owner == b.owner || a.end <= a.start || b.end <= b.start {
             return;
         }
+        // Shared holders may overlap, and so may permit holders (counted apart).
+        if a.mode_of(key) != Mode::Exclusive && b.mode_of(key) != Mode::Exclusive {
+            return;
+        }
         let ((first_id, first), (_, second)) = if a.start <= b.start {
             ((x, a), (y, b))
         } else {
@@ -554,8 +576,10 @@ impl History {
         }
         let overlap = first.end.min(second.end) - second.start;
         let mut report = format!(
-            "{}: key {key} believed held by two owners at once for {overlap:?}",
-            self.header()
+            "{}: key {key} believed held by two owners at once for {overlap:?} ({} and {})",
+            self.header(),
+            first.mode_of(key),
+            second.mode_of(key),
         );
         for (label, belief) in [("A", first), ("B", second)] {
             let _ = write!(
@@ -586,6 +610,65 @@ impl History {
             }
         }
         let faults = self.faults_between(state, first.start, first.end.min(second.end));
+        let _ = write!(
+            report,
+            "\n  faults then: {faults}\n  reproduce: LOCKSET_HISTORY_SEED={}",
+            self.seed
+        );
+        self.violation(state, report);
+    }
+
+    /// For a permit belief `x` of `key`: no moment in it where more owners than the limit
+    /// believe they hold a permit of `key` (counted over closed beliefs: the last of any
+    /// overlapping group to close sees the others).
+    fn count_permits(&self, state: &mut State, key: &str, x: u64, ids: &[u64]) {
+        let belief = &state.beliefs[&x];
+        let Mode::Permit { limit } = belief.mode_of(key) else {
+            return;
+        };
+        let (from, to) = (belief.start, belief.end);
+        let holders: Vec<&Belief> = ids
+            .iter()
+            .map(|id| &state.beliefs[id])
+            .filter(|b| b.closed && b.start < to && b.end > from && b.start < b.end)
+            .filter(|b| matches!(b.mode_of(key), Mode::Permit { .. }))
+            .collect();
+        // The most owners at once is reached at some belief's start.
+        let mut worst: Option<(Instant, Vec<&Belief>)> = None;
+        for at in holders.iter().map(|b| b.start.max(from)) {
+            let mut at_once: Vec<&Belief> = Vec::new();
+            for b in holders.iter().filter(|b| b.start <= at && b.end > at) {
+                if !at_once.iter().any(|o| o.owner == b.owner) {
+                    at_once.push(b);
+                }
+            }
+            if at_once.len() > limit as usize
+                && worst.as_ref().is_none_or(|(_, w)| at_once.len() > w.len())
+            {
+                worst = Some((at, at_once));
+            }
+        }
+        let Some((at, at_once)) = worst else {
+            return;
+        };
+        let mut report = format!(
+            "{}: key {key} believed held by {} owners of {limit} permits at once, at {}",
+            self.header(),
+            at_once.len(),
+            self.at(at),
+        );
+        for belief in &at_once {
+            let _ = write!(
+                report,
+                "\n  client {} token {} believed [{}, {}] from {}",
+                belief.client,
+                prefix(&belief.owner),
+                self.at(belief.start),
+                self.at(belief.end),
+                belief.origin,
+            );
+        }
+        let faults = self.faults_between(state, from, to);
         let _ = write!(
             report,
             "\n  faults then: {faults}\n  reproduce: LOCKSET_HISTORY_SEED={}",

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionLike;
-use lockset::{Client, Error, Jitter, Lock, Options, Retry, fencing_key_for};
+use lockset::{Client, Error, Jitter, Lock, Mode, Options, Retry, fencing_key_for};
 use rand::rngs::SmallRng;
 use rand::{RngExt as _, SeedableRng as _};
 use tokio::time::Instant;
@@ -45,6 +45,8 @@ enum Limit {
 /// An obtain's inputs, drawn at random.
 struct Request {
     keys: Vec<String>,
+    /// Each key's mode.
+    modes: Vec<Mode>,
     ttl: Duration,
     options: Options,
     limit: Limit,
@@ -54,7 +56,29 @@ struct Request {
     options_what: String,
 }
 
+/// Keys with their modes, for reports.
+fn describe(keys: &[String], modes: &[Mode]) -> String {
+    let parts: Vec<String> = keys
+        .iter()
+        .zip(modes)
+        .map(|(key, mode)| match mode {
+            Mode::Exclusive => key.clone(),
+            mode => format!("{key} ({mode})"),
+        })
+        .collect();
+    format!("[{}]", parts.join(", "))
+}
+
 impl Request {
+    /// The keys paired with their modes, as obtain takes them.
+    fn pairs(&self) -> Vec<(String, Mode)> {
+        self.keys
+            .iter()
+            .cloned()
+            .zip(self.modes.iter().copied())
+            .collect()
+    }
+
     /// The deadline of a call that started at `start`.
     fn deadline(&self, start: Instant) -> Instant {
         match self.limit {
@@ -127,10 +151,11 @@ where
         self.pause(outer_ttl.as_millis() as u64 / 2).await;
         let mut inner = self.request(Some(&token), true);
         inner.keys = lock.keys().to_vec();
+        inner.modes = lock.modes();
         let variant = match self.rng.random_range(0..3) {
             0 => "same keys",
             1 => {
-                self.widen(&mut inner.keys);
+                self.widen(&mut inner.keys, &mut inner.modes);
                 "a superset"
             }
             _ => {
@@ -140,8 +165,11 @@ where
             }
         };
         inner.what = format!(
-            "client {} re-obtain by its token, {variant}: {:?} ttl {:?}, {}",
-            self.id, inner.keys, inner.ttl, inner.options_what
+            "client {} re-obtain by its token, {variant}: {} ttl {:?}, {}",
+            self.id,
+            describe(&inner.keys, &inner.modes),
+            inner.ttl,
+            inner.options_what
         );
         let inner_what = inner.what.clone();
         let inner_outcome = match self.obtain(inner, None).await {
@@ -209,32 +237,31 @@ where
             .rng
             .random_range(0..=2 * request.ttl.as_millis() as u64));
         let poll = ms(self.rng.random_range(1..=10));
-        let holder =
-            self.history
-                .with_lock_holder(self.id, owner, &request.keys, request.what.clone());
+        let holder = self.history.with_lock_holder(
+            self.id,
+            owner,
+            &request.keys,
+            &request.modes,
+            request.what.clone(),
+        );
         let history = self.history.clone();
         let start = Instant::now();
         let deadline = request.deadline(start);
         let what = request.what.clone();
         let outcome = self
             .client
-            .with_lock(
-                request.keys.clone(),
-                request.ttl,
-                &options,
-                |lost| async move {
-                    history.obtain_returned(start, deadline, Instant::now(), &what);
-                    let mut held = holder;
-                    let until = Instant::now() + work;
-                    loop {
-                        history.alive(&mut held, &lost);
-                        if Instant::now() >= until || lost.is_lost() || history.stopped() {
-                            return held;
-                        }
-                        tokio::time::sleep(poll).await;
+            .with_lock(request.pairs(), request.ttl, &options, |lost| async move {
+                history.obtain_returned(start, deadline, Instant::now(), &what);
+                let mut held = holder;
+                let until = Instant::now() + work;
+                loop {
+                    history.alive(&mut held, &lost);
+                    if Instant::now() >= until || lost.is_lost() || history.stopped() {
+                        return held;
                     }
-                },
-            )
+                    tokio::time::sleep(poll).await;
+                }
+            })
             .await;
         match outcome {
             Ok(held) => self.history.done(held),
@@ -270,7 +297,7 @@ where
         let deadline = request.deadline(start);
         let obtain = self
             .client
-            .obtain_multi(request.keys.clone(), request.ttl, &request.options);
+            .obtain_multi(request.pairs(), request.ttl, &request.options);
         let result = match cancel {
             Some(after) => match tokio::time::timeout(after, obtain).await {
                 Ok(result) => result,
@@ -298,6 +325,7 @@ where
             self.id,
             lock.token(),
             lock.keys(),
+            &lock.modes(),
             lock.valid_until(),
             fence,
             request.what,
@@ -371,7 +399,10 @@ where
 
     fn failed(&self, err: &Error) {
         assert!(
-            !matches!(err, Error::InvalidInput(_) | Error::WrongType { .. }),
+            !matches!(
+                err,
+                Error::InvalidInput(_) | Error::WrongType { .. } | Error::ModeMismatch { .. }
+            ),
             "the workload asked for something invalid: {err}"
         );
         self.history.error();
@@ -380,6 +411,7 @@ where
     /// Draws an obtain: keys, TTL, retry strategy, time limit, maybe fencing and metadata.
     fn request(&mut self, token: Option<&str>, fencing: bool) -> Request {
         let keys = self.draw_keys();
+        let modes = self.draw_modes(&keys);
         let ttl = self.draw_ttl();
         let (retry, limit) = (self.draw_retry(), self.draw_limit());
         let mut options = Options::default().retry(retry.clone());
@@ -403,7 +435,8 @@ where
             options = options.token(token);
             options_what.push_str(", custom token");
         }
-        if fencing && self.fencing && self.rng.random_bool(0.3) {
+        // Tokens order the holders of the first key: only exclusive ones are in order.
+        if fencing && self.fencing && modes[0] == Mode::Exclusive && self.rng.random_bool(0.3) {
             options = options.fencing();
             options_what.push_str(", fencing");
         }
@@ -411,11 +444,13 @@ where
             options = options.metadata(format!("client-{}", self.id));
         }
         let what = format!(
-            "client {} obtain {keys:?} ttl {ttl:?}, {options_what}",
-            self.id
+            "client {} obtain {} ttl {ttl:?}, {options_what}",
+            self.id,
+            describe(&keys, &modes)
         );
         Request {
             keys,
+            modes,
             ttl,
             options,
             limit,
@@ -439,8 +474,30 @@ where
         keys
     }
 
-    /// Adds one or two keys of the same group to `keys`, when there are any left.
-    fn widen(&mut self, keys: &mut Vec<String>) {
+    /// Modes for `keys`: all exclusive (a plain lock) in most locks; else shared or
+    /// exclusive, and keys ending in 0 one of 2 permits or exclusive.
+    fn draw_modes(&mut self, keys: &[String]) -> Vec<Mode> {
+        let mixed = self.rng.random_bool(0.4);
+        keys.iter()
+            .map(|key| match (mixed, key.ends_with('0')) {
+                (false, _) => Mode::Exclusive,
+                (true, true) if self.rng.random_bool(0.7) => Mode::Permit { limit: 2 },
+                (true, false) if self.rng.random_bool(0.5) => Mode::Shared,
+                _ => Mode::Exclusive,
+            })
+            .collect()
+    }
+
+    /// Adds one or two keys of the same group to `keys` (with modes), when there are any
+    /// left.
+    fn widen(&mut self, keys: &mut Vec<String>, modes: &mut Vec<Mode>) {
+        let before = keys.len();
+        self.add_keys(keys);
+        let added = self.draw_modes(&keys[before..]);
+        modes.extend(added);
+    }
+
+    fn add_keys(&mut self, keys: &mut Vec<String>) {
         let group = self
             .pool
             .iter()
