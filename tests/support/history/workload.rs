@@ -119,10 +119,11 @@ where
     pub async fn run(mut self, until: Instant) {
         while Instant::now() < until && !self.history.stopped() {
             match self.rng.random_range(0..100) {
-                0..35 => self.plain().await,
-                35..50 => self.nested().await,
-                50..65 => self.guarded().await,
-                65..78 => self.with_lock().await,
+                0..30 => self.plain().await,
+                30..45 => self.nested().await,
+                45..60 => self.guarded().await,
+                60..72 => self.with_lock().await,
+                72..85 => self.permit().await,
                 _ => self.cancelled().await,
             }
             self.pause(10).await;
@@ -132,6 +133,27 @@ where
     /// Obtain, use for a while, release or let expire.
     async fn plain(&mut self) {
         let request = self.request(None, true);
+        if let Some((lock, mut held)) = self.obtain(request, None).await {
+            self.use_lock(&lock, &mut held).await;
+            self.finish(lock, held).await;
+        }
+    }
+
+    /// A semaphore: one of 2 permits of a group's counted key (the one ending in 0), alone,
+    /// so that holders crowd it; then as a plain lock.
+    async fn permit(&mut self) {
+        let mut request = self.request(None, false);
+        let group = &self.pool[self.rng.random_range(0..self.pool.len())];
+        let counted = group.iter().find(|key| key.ends_with('0'));
+        request.keys = vec![counted.expect("every group has a counted key").clone()];
+        request.modes = vec![Mode::Permit { limit: 2 }];
+        request.what = format!(
+            "client {} obtain {} ttl {:?}, {}",
+            self.id,
+            describe(&request.keys, &request.modes),
+            request.ttl,
+            request.options_what
+        );
         if let Some((lock, mut held)) = self.obtain(request, None).await {
             self.use_lock(&lock, &mut held).await;
             self.finish(lock, held).await;
