@@ -13,6 +13,10 @@
 //!   own pub/sub connection), as separate processes would have. Hand-off is from a release
 //!   being sent to the next holder having the lock.
 //! - W3 multi-key: one task, locks of K keys.
+//! - W4 modes: C tasks all reading one shared key (`read`), or each taking one of 1,000
+//!   permits of one counted key (`permit`), obtain + release. Its baseline (the "raw"
+//!   columns) is lockset's own exclusive cycle, each task on its own key: what a shared or
+//!   counted key costs over a plain one.
 //!
 //! The raw baseline does the minimum by hand, on the same cheap path lockset uses (commands
 //! built once, scripts pre-loaded and sent by EVALSHA): W1 and W2 obtain with
@@ -33,7 +37,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use lockset::redis::aio::MultiplexedConnection;
 use lockset::redis::{self, Cmd, Script};
-use lockset::{Client, Options, Retry};
+use lockset::{Client, Mode, Options, Retry};
 use rand::Rng as _;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -307,10 +311,30 @@ impl Bench {
                     while !stop.load(Ordering::Relaxed) {
                         let start = Instant::now();
                         match which {
+                            Impl::Raw if workload.name == "w4" => {
+                                let lock = bench
+                                    .lockset
+                                    .obtain(&keys[0], TTL, &Options::default())
+                                    .await
+                                    .expect("the baseline's exclusive obtain");
+                                lock.release().await.expect("release");
+                            }
                             Impl::Raw => {
                                 let value = token();
                                 assert!(bench.raw.obtain(&keys, &value).await, "uncontended");
                                 bench.raw.release(&keys, &value).await;
+                            }
+                            Impl::Lockset if workload.name == "w4" => {
+                                let mode = match workload.clients {
+                                    "read" => Mode::Shared,
+                                    _ => Mode::Permit { limit: 1_000 },
+                                };
+                                let lock = bench
+                                    .lockset
+                                    .obtain(("{w4}:shared", mode), TTL, &Options::default())
+                                    .await
+                                    .expect("a shared or counted obtain");
+                                lock.release().await.expect("release");
                             }
                             Impl::Lockset => {
                                 let lock = bench
@@ -460,12 +484,26 @@ fn workloads() -> Vec<Workload> {
             ..base
         });
     }
-    // BENCH_ONLY=w2 (or w1:64, w2:procs, w3:1000) runs just those workloads.
+    for (clients, concurrency) in [
+        ("read", 1),
+        ("read", 16),
+        ("read", 64),
+        ("permit", 1),
+        ("permit", 16),
+    ] {
+        workloads.push(Workload {
+            name: "w4",
+            clients,
+            concurrency,
+            ..base
+        });
+    }
+    // BENCH_ONLY=w2 (or w1:64, w2:procs, w3:1000, w4:read) runs just those workloads.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         workloads.retain(|w| {
             let tag = match w.name {
                 "w1" => format!("{}:{}", w.name, w.concurrency),
-                "w2" => format!("{}:{}", w.name, w.clients),
+                "w2" | "w4" => format!("{}:{}", w.name, w.clients),
                 _ => format!("{}:{}", w.name, w.keys),
             };
             only.split(',')

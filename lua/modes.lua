@@ -8,11 +8,13 @@
 --          shared, "p<N>" one of N permits
 -- ARGV[3]  owner tag: "<token length>:<token>"
 -- ARGV[4]  the lock's value: owner tag followed by the caller's metadata
--- ARGV[5]  obtain, refresh: time to live in ms; release: the announce command, or ""
--- ARGV[6]  obtain: "1" when the last key is a fencing counter; refresh: "1" to re-create
+-- ARGV[5]  "1" for a caller's own token, which may hold a key under other metadata (a
+--          re-obtain by token); a random token's members are found by value alone
+-- ARGV[6]  obtain, refresh: time to live in ms; release: the announce command, or ""
+-- ARGV[7]  obtain: "1" when the last key is a fencing counter; refresh: "1" to re-create
 --          missing keys (Redlock); release: the announcement's payload
--- ARGV[7]  obtain: "1" when the caller waits for release events (marks what blocks it)
--- ARGV[8]  obtain: "1" when the caller will try again if blocked (a writer queues, below)
+-- ARGV[8]  obtain: "1" when the caller waits for release events (marks what blocks it)
+-- ARGV[9]  obtain: "1" when the caller will try again if blocked (a writer queues, below)
 --
 -- Storage. An exclusive key is a string, exactly as a lock without modes writes it. A shared
 -- or counted key is a sorted set of
@@ -29,7 +31,8 @@
 --   obtain   {1, fence} | {0, pttl, i} | {2, key} (another type) | {3, i, stored mode}
 --   pttl     smallest remaining ms | -1 no expiry | -2 another owner's | -3 missing
 --   refresh, release   1 done | 0 another owner's | 2 missing (nothing changed)
-local op, owner, value = ARGV[1], ARGV[3], ARGV[4]
+local op, owner, value, custom = ARGV[1], ARGV[3], ARGV[4], ARGV[5] == '1'
+local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 local n = #owner
 local modes = {}
 for mode in string.gmatch(ARGV[2], '[^,]+') do
@@ -46,14 +49,18 @@ local function owned(current)
     or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)
 end
 
--- What a key is: "free", "string", "set" (with its mode member) or "foreign".
-local function kind(key)
+-- What a key is: "free", "string", "set" (with its mode member) or "foreign". A set in
+-- `mode` (as asked for) is found with one command.
+local function kind(key, mode)
   local type = redis.call('TYPE', key)['ok']
   if type == 'none' then
     return 'free'
   elseif type == 'string' then
     return 'string'
   elseif type == 'zset' then
+    if mode ~= 'x' and redis.call('ZSCORE', key, '=' .. mode) then
+      return 'set', '=' .. mode
+    end
     local meta = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf')
     for j = 1, #meta do
       if meta[j] == '=s' or string.match(meta[j], '^=p%d+$') then
@@ -69,22 +76,53 @@ local function prune(key)
   redis.call('ZREMRANGEBYSCORE', key, '(-inf', now)
 end
 
+-- The latest expiry in a set (a holder's or a waiting writer's), and the latest holder's.
+local function latest(key)
+  local top = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(-inf', 'WITHSCORES', 'LIMIT', 0, 2)
+  local first, holder = tonumber(top[2]), nil
+  for j = 1, #top, 2 do
+    if top[j] ~= '=x' then
+      holder = holder or tonumber(top[j + 1])
+    end
+  end
+  return first, holder
+end
+
+-- The earliest holder's expiry.
+local function earliest(key)
+  local low = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, 2)
+  for j = 1, #low, 2 do
+    if low[j] ~= '=x' then
+      return tonumber(low[j + 1])
+    end
+  end
+  return now
+end
+
+-- How many hold the set (not counting a waiting writer), given the writer's mark.
+local function holders(key, writer)
+  return redis.call('ZCOUNT', key, '(-inf', '+inf') - (writer and 1 or 0)
+end
+
 -- The set expires with its latest member; with no holder and no waiting writer it goes.
 local function expire_set(key)
-  local last = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(-inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  if #last == 0 then
+  local last = latest(key)
+  if not last then
     redis.call('DEL', key)
   else
-    redis.call('PEXPIRE', key, math.max(1, math.ceil(tonumber(last[2]) - now)))
+    redis.call('PEXPIRE', key, math.max(1, math.ceil(last - now)))
   end
 end
 
--- This owner's member of a set and its score: by value, or by tag (a re-obtain by token
--- may have changed the metadata).
+-- This owner's member of a set and its score: by value, or by tag for a caller's own
+-- token (a re-obtain by token may have changed the metadata).
 local function own_member(key)
   local score = redis.call('ZSCORE', key, value)
   if score then
     return value, tonumber(score)
+  end
+  if not custom then
+    return nil
   end
   local members = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf', 'WITHSCORES')
   for j = 1, #members, 2 do
@@ -95,26 +133,18 @@ local function own_member(key)
   return nil
 end
 
--- The holders of a set (not counting a waiting writer): how many, the earliest expiry and
--- the latest.
-local function holders(key)
-  local members = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf', 'WITHSCORES')
-  local number, first, last = 0, nil, nil
-  for j = 1, #members, 2 do
-    if members[j] ~= '=x' then
-      local score = tonumber(members[j + 1])
-      number = number + 1
-      first = first or score
-      last = score
-    end
-  end
-  return number, first, last
-end
 
 -- Where a key of the lock stands for this owner: "ours", "missing" or "foreign"; for an
 -- exclusive key also its value, for a set key our member and its score.
 local function state(key, mode)
-  local what = kind(key)
+  -- The common case in one command: our member, by value, in a set.
+  if mode ~= 'x' then
+    local score = redis.pcall('ZSCORE', key, value)
+    if type(score) == 'string' and tonumber(score) > now then
+      return 'ours', value, tonumber(score)
+    end
+  end
+  local what = kind(key, mode)
   if what == 'free' then
     return 'missing'
   elseif what == 'foreign' then
@@ -128,9 +158,8 @@ local function state(key, mode)
   elseif what == 'string' then
     return 'foreign'
   end
-  prune(key)
   local member, score = own_member(key)
-  if member then
+  if member and score > now then
     return 'ours', member, score
   end
   return 'missing'
@@ -174,14 +203,26 @@ local function pttl()
   return least
 end
 
--- Adds `member` to a set key (made with `mode` when missing), to expire at `expiry`.
-local function join_set(key, mode, member, expiry)
+-- Adds `member` to a set key (made with `mode` when missing), to expire at `expiry`. The
+-- set then expires with its latest member: `fresh` when the set is new; `grow` when no
+-- member expires sooner than before (only the new expiry can be the latest); else every
+-- member is looked at.
+local function join_set(key, mode, member, expiry, grow, fresh)
   redis.call('ZADD', key, '-inf', '=' .. mode, expiry, member)
-  expire_set(key)
+  local left = math.max(1, math.ceil(expiry - now))
+  if fresh then
+    redis.call('PEXPIRE', key, left)
+  elseif not grow then
+    expire_set(key)
+  elseif redis7 then
+    redis.call('PEXPIRE', key, left, 'GT')
+  elseif redis.call('PTTL', key) < left then
+    redis.call('PEXPIRE', key, left)
+  end
 end
 
 local function refresh()
-  local ttl, restore = tonumber(ARGV[5]), ARGV[6] == '1'
+  local ttl, restore = tonumber(ARGV[6]), ARGV[7] == '1'
   local failed, states = check_all(0, 2, restore)
   if failed then
     return failed
@@ -195,25 +236,27 @@ local function refresh()
         redis.call('SET', key, value, 'PX', ttl)
       end
     elseif found == 'ours' then
-      join_set(key, mode, states[i][2], now + ttl)
+      join_set(key, mode, states[i][2], now + ttl, false, false)
     else
       -- Re-created (a Redlock master that restarted empty) only where there is room.
-      local what, stored = kind(key)
+      local what, stored = kind(key, mode)
       local room = what == 'free' or stored == '=' .. mode
       if room and mode ~= 's' and what ~= 'free' then
-        room = holders(key) < tonumber(string.sub(mode, 2))
+        prune(key)
+        local writer = redis.call('ZSCORE', key, '=x')
+        room = holders(key, writer) < tonumber(string.sub(mode, 2))
       end
       if not room then
         return 2
       end
-      join_set(key, mode, value, now + ttl)
+      join_set(key, mode, value, now + ttl, true, what == 'free')
     end
   end
   return 1
 end
 
 local function release()
-  local announce, payload = ARGV[5], ARGV[6]
+  local announce, payload = ARGV[6], ARGV[7]
   if announce == 'SPUBLISH' and (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
     announce = 'PUBLISH'
   end
@@ -231,12 +274,16 @@ local function release()
       end
     else
       redis.call('ZREM', key, states[i][2])
+      local last, holder = latest(key)
       -- Room was made for a waiter: a permit, or a key that no holder shares any more.
-      local waited = redis.call('ZSCORE', key, '=w')
-      if waited and (mode ~= 's' or holders(key) == 0) then
+      if (mode ~= 's' or not holder) and redis.call('ZSCORE', key, '=w') then
         announced[#announced + 1] = key
       end
-      expire_set(key)
+      if not last then
+        redis.call('DEL', key)
+      elseif states[i][3] > last then
+        redis.call('PEXPIRE', key, math.max(1, math.ceil(last - now)))
+      end
     end
   end
   if announce ~= '' then
@@ -255,8 +302,8 @@ local function ours_to_mark(current)
 end
 
 local function obtain()
-  local ttl, fencing = tonumber(ARGV[5]), ARGV[6] == '1'
-  local mark, retries = ARGV[7] == '1', ARGV[8] == '1'
+  local ttl, fencing = tonumber(ARGV[6]), ARGV[7] == '1'
+  local mark, retries = ARGV[8] == '1', ARGV[9] == '1'
   local plans = {}
   -- A lock that writes some key reads past waiting writers: it may itself be the waiting
   -- writer that another such lock reads past, and two locks that each waited for the
@@ -280,16 +327,15 @@ local function obtain()
     return {0, math.max(0, math.ceil(free_at - now)), i}
   end
 
-  -- First every key is looked at, and nothing but marks is written; then every key is
-  -- written. A set whose holders all expired counts as free.
+  -- First every key is looked at, and nothing but marks (and expired members) is written;
+  -- then every key is written.
   for i = 1, count do
     local key, mode = KEYS[i], modes[i]
-    local what, stored = kind(key)
-    local number, first, last = 0, nil, nil
+    local what, stored = kind(key, mode)
     if what == 'set' then
       prune(key)
-      number, first, last = holders(key)
-      if number == 0 and not redis.call('ZSCORE', key, '=x') then
+      -- A set in another mode that nobody holds any more is as good as free.
+      if stored ~= '=' .. mode and not latest(key) then
         redis.call('DEL', key)
         what = 'free'
       end
@@ -305,9 +351,10 @@ local function obtain()
       end
       plans[i] = 'own'
     elseif mode == 'x' then
-      if number > 0 then
-        -- Writers first: no new holder is let in until this writer tries again (it is
-        -- woken by the last release, or wakes when the last holder expires).
+      local _, last = latest(key)
+      if last then
+        -- Writers first: no lock that only reads gets in until this writer tries again
+        -- (it is woken by the last release, or wakes when the last holder expires).
         if retries then
           local upto = now + math.max(ttl, last - now)
           redis.call('ZADD', key, 'GT', upto, '=x')
@@ -323,12 +370,12 @@ local function obtain()
       if member then
         plans[i] = {member, score}
       else
-        local writer = not writes and redis.call('ZSCORE', key, '=x')
-        if writer then
+        local writer = (not writes or mode ~= 's') and redis.call('ZSCORE', key, '=x')
+        if writer and not writes then
           return held_set(i, tonumber(writer))
         end
-        if mode ~= 's' and number >= tonumber(string.sub(mode, 2)) then
-          return held_set(i, first)
+        if mode ~= 's' and holders(key, writer) >= tonumber(string.sub(mode, 2)) then
+          return held_set(i, earliest(key))
         end
         plans[i] = 'join'
       end
@@ -369,11 +416,11 @@ local function obtain()
       redis.call('DEL', key)
       redis.call('SET', key, waited and '!' .. value or value, 'PX', ttl)
     elseif plan == 'new' or plan == 'join' then
-      join_set(key, mode, value, now + ttl)
+      join_set(key, mode, value, now + ttl, true, plan == 'new')
     else
       -- Ours already (a re-obtain by token): never shorter, the new metadata.
       redis.call('ZREM', key, plan[1])
-      join_set(key, mode, value, math.max(plan[2], now + ttl))
+      join_set(key, mode, value, math.max(plan[2], now + ttl), true, false)
     end
   end
   return {1, fence}

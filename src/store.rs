@@ -133,16 +133,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
     /// Tries once to lock every key of `claim` in its mode, by `modes.lua`.
     async fn obtain_by_modes(&self, claim: &Claim<'_>, modes: &Modes, how: Try) -> Result<Obtain> {
-        let args = (
-            "obtain",
-            modes.encoded(),
-            claim.owner.tag(),
-            claim.value,
+        let rest = (
             claim.ttl.millis,
             u8::from(claim.counter.is_some()),
             u8::from(how.mark_holder),
             u8::from(how.retries),
         );
+        let args = mode_args("obtain", modes, claim, rest);
         let reply = self
             .invoke(&scripts::MODES, claim.keys, claim.counter, args)
             .await?;
@@ -219,7 +216,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Holding<Duration>> {
         let left: i64 = match claim.modes {
             Some(modes) => {
-                let args = ("pttl", modes.encoded(), claim.owner.tag(), claim.value);
+                let args = mode_args("pttl", modes, claim, &[] as &[&str]);
                 self.invoke(&scripts::MODES, claim.keys, None, args).await?
             }
             None => {
@@ -239,18 +236,19 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// missing keys are re-created with the claim's value (Redlock, once a majority is known
     /// to hold the lock, on a master that restarted empty).
     pub(crate) async fn refresh(&self, claim: &Claim<'_>, restore: bool) -> Result<Holding<()>> {
-        let args = (
-            claim.owner.tag(),
-            claim.value,
-            claim.ttl.millis,
-            u8::from(restore),
-        );
         let done: i64 = match claim.modes {
             Some(modes) => {
-                let args = ("refresh", modes.encoded(), args);
+                let rest = (claim.ttl.millis, u8::from(restore));
+                let args = mode_args("refresh", modes, claim, rest);
                 self.invoke(&scripts::MODES, claim.keys, None, args).await?
             }
             None => {
+                let args = (
+                    claim.owner.tag(),
+                    claim.value,
+                    claim.ttl.millis,
+                    u8::from(restore),
+                );
                 self.invoke(&scripts::REFRESH, claim.keys, None, args)
                     .await?
             }
@@ -265,13 +263,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         claim: &Claim<'_>,
         payload: Option<&str>,
     ) -> Result<Holding<()>> {
-        let args = self.release_args(claim, payload);
+        let (announce, payload) = self.announcing(payload);
         let done: i64 = match claim.modes {
             Some(modes) => {
-                let args = ("release", modes.encoded(), args);
+                let args = mode_args("release", modes, claim, (announce, payload));
                 self.invoke(&scripts::MODES, claim.keys, None, args).await?
             }
             None => {
+                let args = (claim.owner.tag(), claim.value, announce, payload);
                 self.invoke(&scripts::RELEASE, claim.keys, None, args)
                     .await?
             }
@@ -303,33 +302,28 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// Keys that somebody waits for are announced: the waiter marked them meanwhile.
     pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
         let mut eval = redis::cmd("EVAL");
+        let (announce, payload) = self.announcing(Some(""));
         match claim.modes {
-            Some(_) => eval.arg(scripts::MODES.source),
-            None => eval.arg(scripts::RELEASE.source),
+            Some(modes) => eval
+                .arg(scripts::MODES.source)
+                .arg(claim.keys.len())
+                .arg(claim.keys)
+                .arg(mode_args("release", modes, claim, (announce, payload))),
+            None => eval
+                .arg(scripts::RELEASE.source)
+                .arg(claim.keys.len())
+                .arg(claim.keys)
+                .arg((claim.owner.tag(), claim.value, announce, payload)),
         };
-        eval.arg(claim.keys.len()).arg(claim.keys);
-        if let Some(modes) = claim.modes {
-            eval.arg("release").arg(modes.encoded());
-        }
-        let done: i64 = eval
-            .arg(self.release_args(claim, Some("")))
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let done: i64 = eval.query_async(&mut self.conn.clone()).await?;
         Ok(Holding::from_reply(done, ()))
     }
 
-    fn release_args<'a>(
-        &self,
-        claim: &Claim<'a>,
-        payload: Option<&'a str>,
-    ) -> (&'a str, &'a str, &'static str, &'a str) {
+    /// The command a release announces itself with (none without a payload), and the
+    /// payload.
+    fn announcing<'a>(&self, payload: Option<&'a str>) -> (&'static str, &'a str) {
         let announce = if payload.is_some() { self.announce } else { "" };
-        (
-            claim.owner.tag(),
-            claim.value,
-            announce,
-            payload.unwrap_or(""),
-        )
+        (announce, payload.unwrap_or(""))
     }
 
     /// Runs `script` by EVALSHA over `keys` (then `extra_key`, if any) with `args`; when the
@@ -377,6 +371,24 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
 fn is_syntax_error(err: &RedisError) -> bool {
     err.code() == Some("ERR") && err.detail().is_some_and(|d| d.contains("syntax error"))
+}
+
+/// The arguments of `modes.lua`'s operation `op` for `claim`, followed by the operation's
+/// own (`rest`).
+fn mode_args<'a, T: ToRedisArgs>(
+    op: &'static str,
+    modes: &'a Modes,
+    claim: &Claim<'a>,
+    rest: T,
+) -> impl ToRedisArgs + use<'a, T> {
+    (
+        op,
+        modes.encoded(),
+        claim.owner.tag(),
+        claim.value,
+        u8::from(claim.owner.is_custom()),
+        rest,
+    )
 }
 
 /// The error for `modes.lua`'s reply that `keys[index - 1]` is held as `held`.

@@ -36,6 +36,8 @@ pub(crate) struct Owner {
     tag: String,
     /// Where the token starts inside `tag`.
     token_at: usize,
+    /// The caller chose the token: it may already hold keys (under other metadata).
+    custom: bool,
 }
 
 impl Owner {
@@ -51,6 +53,7 @@ impl Owner {
         Self {
             tag,
             token_at: RANDOM_TAG_PREFIX.len(),
+            custom: false,
         }
     }
 
@@ -65,12 +68,23 @@ impl Owner {
     fn from_token(token: &str) -> Self {
         let tag = format!("{}:{token}", token.len());
         let token_at = tag.len() - token.len();
-        Self { tag, token_at }
+        Self {
+            tag,
+            token_at,
+            custom: true,
+        }
     }
 
     /// The token.
     pub(crate) fn token(&self) -> &str {
         &self.tag[self.token_at..]
+    }
+
+    /// Whether the caller chose the token (see [`Options::token`](crate::Options::token)):
+    /// then it may hold keys already, under other metadata. A random token holds nothing
+    /// before its first obtain.
+    pub(crate) fn is_custom(&self) -> bool {
+        self.custom
     }
 
     /// The prefix of every value this owner stores.
