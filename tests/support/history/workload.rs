@@ -346,8 +346,7 @@ where
         let held = self.history.obtained(
             self.id,
             lock.token(),
-            lock.keys(),
-            &lock.modes(),
+            (lock.keys(), &lock.modes()),
             lock.valid_until(),
             fence,
             request.what,
