@@ -51,6 +51,9 @@
 //!   fencing tokens. See the README's "Holding a lock for long work".
 //! - **Waiting.** A client from [`Client::connect`] wakes its waiting obtains when a lock is
 //!   released, over one shared pub/sub connection ([`Client::with_release_events`]).
+//! - **Modes.** Pair a key with a [`Mode`] to hold it shared (a read lock) or as one of N
+//!   permits (a semaphore), mixed with exclusive keys in one atomic obtain:
+//!   `client.obtain_multi([("order", Mode::Exclusive), ("catalog", Mode::Shared)], ttl, &options)`.
 //! - **Redlock.** [`Client::quorum`] makes one lock over N independent masters, with the same
 //!   API.
 //! - **Cluster.** All keys of one lock must live in one hash slot: give them a common hash
