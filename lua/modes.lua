@@ -385,7 +385,13 @@ local function obtain()
   local fence = false
   if fencing then
     local counter = KEYS[count + 1]
-    fence = redis.call('INCR', counter)
+    fence = redis.pcall('INCR', counter)
+    if type(fence) == 'table' then
+      if string.sub(fence.err, 1, 9) == 'WRONGTYPE' then
+        return {2, counter}
+      end
+      return fence
+    end
     if fence < 1 then
       return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. fence .. ', not positive')
     end

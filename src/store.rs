@@ -103,7 +103,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         match self.obtain_plain(claim, how).await {
             // Maybe a key that locks with modes hold shared or as permits: only their
             // script knows (one more round trip, only for such keys).
-            Err(Error::WrongType { .. }) => {
+            Err(Error::WrongType { key }) if claim.keys.contains(&key) => {
                 let modes = Modes::exclusive(claim.keys.len());
                 self.obtain_by_modes(claim, &modes, how).await
             }

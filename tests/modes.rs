@@ -787,3 +787,24 @@ async fn a_cancelled_shared_obtain_leaves_no_share_behind() {
     lock.release().await.unwrap();
     assert_eq!(env.dbsize().await, 0, "a cancelled obtain left its share");
 }
+
+#[tokio::test]
+async fn a_fencing_counter_of_another_type_is_a_wrong_type_error_naming_it() {
+    let env = Env::start().await;
+    env.cmd::<i64>(&["HSET", "{doc}:fence", "f", "v"]).await;
+    let options = Options::default().fencing_key("{doc}:fence");
+    let err = env
+        .client
+        .obtain_multi(
+            [("{doc}:a", WRITE), ("{doc}:b", READ)],
+            ms(10_000),
+            &options,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::WrongType { key } if key == "{doc}:fence"),
+        "{err:?}"
+    );
+    assert!(!env.exists("{doc}:a").await && !env.exists("{doc}:b").await);
+}
