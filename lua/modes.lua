@@ -42,6 +42,8 @@ local count = #modes
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
+-- Scores after now: members that have not expired (removed or not).
+local live = string.format('(%.3f', now)
 
 -- Whether a string value is ours: whole, by tag, or by tag behind a waiter's mark.
 local function owned(current)
@@ -76,9 +78,10 @@ local function prune(key)
   redis.call('ZREMRANGEBYSCORE', key, '(-inf', now)
 end
 
--- The latest expiry in a set (a holder's or a waiting writer's), and the latest holder's.
+-- The latest expiry in a set (a holder's or a waiting writer's), and the latest holder's;
+-- nil for none that has not expired.
 local function latest(key)
-  local top = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(-inf', 'WITHSCORES', 'LIMIT', 0, 2)
+  local top = redis.call('ZREVRANGEBYSCORE', key, '+inf', live, 'WITHSCORES', 'LIMIT', 0, 2)
   local first, holder = tonumber(top[2]), nil
   for j = 1, #top, 2 do
     if top[j] ~= '=x' then
@@ -90,7 +93,7 @@ end
 
 -- The earliest holder's expiry.
 local function earliest(key)
-  local low = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf', 'WITHSCORES', 'LIMIT', 0, 2)
+  local low = redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', 0, 2)
   for j = 1, #low, 2 do
     if low[j] ~= '=x' then
       return tonumber(low[j + 1])
@@ -101,7 +104,7 @@ end
 
 -- How many hold the set (not counting a waiting writer), given the writer's mark.
 local function holders(key, writer)
-  return redis.call('ZCOUNT', key, '(-inf', '+inf') - (writer and 1 or 0)
+  return redis.call('ZCOUNT', key, live, '+inf') - (writer and 1 or 0)
 end
 
 -- The set expires with its latest member; with no holder and no waiting writer it goes.
@@ -114,14 +117,15 @@ local function expire_set(key)
   end
 end
 
--- This owner's member of a set and its score: by value, or by tag for a caller's own
--- token (a re-obtain by token may have changed the metadata).
+-- This owner's member of a set and its score: by value, or else by tag (a re-obtain by
+-- token may have changed the metadata). An obtain with a fresh random token skips the
+-- search: nothing can hold that token yet.
 local function own_member(key)
   local score = redis.call('ZSCORE', key, value)
   if score then
     return value, tonumber(score)
   end
-  if not custom then
+  if op == 'obtain' and not custom then
     return nil
   end
   local members = redis.call('ZRANGEBYSCORE', key, '(-inf', '+inf', 'WITHSCORES')
@@ -137,14 +141,17 @@ end
 -- Where a key of the lock stands for this owner: "ours", "missing" or "foreign"; for an
 -- exclusive key also its value, for a set key our member and its score.
 local function state(key, mode)
+  local stored
   -- The common case in one command: our member, by value, in a set.
   if mode ~= 'x' then
     local score = redis.pcall('ZSCORE', key, value)
-    if type(score) == 'string' and tonumber(score) > now then
+    if type(score) == 'string' and tonumber(score) > now
+      and redis.call('ZSCORE', key, '=' .. mode) then
       return 'ours', value, tonumber(score)
     end
   end
-  local what = kind(key, mode)
+  local what
+  what, stored = kind(key, mode)
   if what == 'free' then
     return 'missing'
   elseif what == 'foreign' then
@@ -155,7 +162,8 @@ local function state(key, mode)
     end
     local current = redis.call('GET', key)
     return owned(current) and 'ours' or 'foreign', current
-  elseif what == 'string' then
+  elseif what == 'string' or stored ~= '=' .. mode then
+    -- Held exclusively, or in another mode: not as this lock holds it.
     return 'foreign'
   end
   local member, score = own_member(key)
@@ -227,6 +235,21 @@ local function refresh()
   if failed then
     return failed
   end
+  -- Missing keys are re-created (a Redlock master that restarted empty) only where there
+  -- is room for all of them; else nothing changes.
+  for i = 1, count do
+    local key, mode = KEYS[i], modes[i]
+    if states[i][1] == 'missing' and mode ~= 'x' and mode ~= 's' then
+      local what = kind(key, mode)
+      if what == 'set' then
+        prune(key)
+        local writer = redis.call('ZSCORE', key, '=x')
+        if holders(key, writer) >= tonumber(string.sub(mode, 2)) then
+          return 2
+        end
+      end
+    end
+  end
   for i = 1, count do
     local key, mode, found = KEYS[i], modes[i], states[i][1]
     if mode == 'x' then
@@ -238,18 +261,7 @@ local function refresh()
     elseif found == 'ours' then
       join_set(key, mode, states[i][2], now + ttl, false, false)
     else
-      -- Re-created (a Redlock master that restarted empty) only where there is room.
-      local what, stored = kind(key, mode)
-      local room = what == 'free' or stored == '=' .. mode
-      if room and mode ~= 's' and what ~= 'free' then
-        prune(key)
-        local writer = redis.call('ZSCORE', key, '=x')
-        room = holders(key, writer) < tonumber(string.sub(mode, 2))
-      end
-      if not room then
-        return 2
-      end
-      join_set(key, mode, value, now + ttl, true, what == 'free')
+      join_set(key, mode, value, now + ttl, true, redis.call('EXISTS', key) == 0)
     end
   end
   return 1
@@ -335,7 +347,7 @@ local function obtain()
     if what == 'set' then
       prune(key)
       -- A set in another mode that nobody holds any more is as good as free.
-      if stored ~= '=' .. mode and not latest(key) then
+      if stored ~= '=' .. mode and not select(2, latest(key)) then
         redis.call('DEL', key)
         what = 'free'
       end

@@ -572,7 +572,7 @@ where
             modes: modes.as_ref(),
         };
         let deadline = options.deadline_from(start, ttl.duration);
-        let mut waiter = Waiter::for_keys(self.events(), keys);
+        let mut waiter = Waiter::for_keys(self.events(), keys, modes.as_ref());
         let won = policy::run(&options.retry, deadline, &mut waiter, watch, |how| {
             attempt.run(how)
         })

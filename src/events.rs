@@ -132,6 +132,9 @@ enum Conn {
 /// One release channel with waiters, or recently with waiters.
 struct Channel {
     waiters: usize,
+    /// Waiters that would share the key (shared, or a permit): one release may let all of
+    /// them in, so then a release wakes every waiter instead of one.
+    sharers: usize,
     notify: Arc<Notify>,
     state: Arc<ChannelState>,
     /// When the last waiter left.
@@ -140,6 +143,18 @@ struct Channel {
     lapsed: bool,
     /// Payloads of this client's releases handed over locally, still to be announced.
     expected: Vec<(Box<[u8]>, Instant)>,
+}
+
+impl Channel {
+    /// Wakes a waiter for a release: one, since the key can go to one; or, while some
+    /// waiter would share it, every waiter (each sees for itself whether it may go in, and
+    /// a waiting writer must not sleep through the release a reader could not use).
+    fn wake(&self) {
+        let wakes = if self.sharers > 0 { self.waiters } else { 1 };
+        for _ in 0..wakes.max(1) {
+            self.notify.notify_one();
+        }
+    }
 }
 
 /// Whether the server has a channel's subscription; `op` serialises changing it.
@@ -306,13 +321,15 @@ impl Events {
         }
     }
 
-    /// Registers a waiter of `channel`. It listens once [`Subscription::confirm`] says so.
-    pub(crate) fn subscribe(&self, channel: &str) -> Subscription {
+    /// Registers a waiter of `channel`, `sharing` its key (shared, or as a permit) or not.
+    /// It listens once [`Subscription::confirm`] says so.
+    pub(crate) fn subscribe(&self, channel: &str, sharing: bool) -> Subscription {
         let mut channels = lock(&self.inner.channels);
         let entry = channels
             .entry(channel.to_owned())
             .or_insert_with(|| Channel {
                 waiters: 0,
+                sharers: 0,
                 notify: Arc::new(Notify::new()),
                 state: Arc::default(),
                 idle_since: None,
@@ -320,6 +337,7 @@ impl Events {
                 expected: Vec::new(),
             });
         entry.waiters += 1;
+        entry.sharers += usize::from(sharing);
         entry.idle_since = None;
         if entry.waiters == 1 {
             self.inner.watched.fetch_add(1, Ordering::Relaxed);
@@ -330,6 +348,7 @@ impl Events {
             notify: entry.notify.clone(),
             state: entry.state.clone(),
             woken: AtomicBool::new(false),
+            sharing,
         }
     }
 
@@ -360,7 +379,7 @@ impl Events {
         entry
             .expected
             .push((payload.as_bytes().into(), Instant::now()));
-        entry.notify.notify_one();
+        entry.wake();
         true
     }
 
@@ -372,7 +391,7 @@ impl Events {
             .get(channel)
             .filter(|e| e.waiters > 0)
         {
-            entry.notify.notify_one();
+            entry.wake();
         }
     }
 
@@ -585,7 +604,7 @@ impl Inner {
                     .as_ref()
                     .is_none_or(|heard| heard.wakes(name, payload));
             if first {
-                entry.notify.notify_one();
+                entry.wake();
             }
         });
     }
@@ -661,6 +680,8 @@ pub(crate) struct Subscription {
     state: Arc<ChannelState>,
     /// This waiter was woken and has not used the wake-up yet.
     woken: AtomicBool,
+    /// It would share the key (see [`Channel::sharers`]).
+    sharing: bool,
 }
 
 impl Subscription {
@@ -756,6 +777,7 @@ impl Drop for Subscription {
             return;
         };
         entry.waiters -= 1;
+        entry.sharers -= usize::from(self.sharing);
         if entry.waiters == 0 {
             entry.idle_since = Some(Instant::now());
             entry.expected.clear();

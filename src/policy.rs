@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::events::{Events, Subscription};
+use crate::mode::{Mode, Modes};
 use crate::observe::{Blocked, OnRetry, RetryEvent, retrying};
 use crate::request::Try;
 use crate::retry::{Retry, RetryStrategy as _};
@@ -57,6 +58,8 @@ impl<T> Step<T> {
 pub(crate) struct Waiter<'a> {
     events: &'a [Events],
     keys: &'a [String],
+    /// Each key's mode, for a lock with shared or counted keys.
+    modes: Option<&'a Modes>,
     /// Subscriptions to the held key's channel, one per server.
     listening: Vec<Subscription>,
 }
@@ -64,16 +67,38 @@ pub(crate) struct Waiter<'a> {
 impl<'a> Waiter<'a> {
     /// A waiter that only sleeps.
     pub(crate) fn sleeping() -> Self {
-        Self::for_keys(&[], &[])
+        Self::for_keys(&[], &[], None)
     }
 
-    /// A waiter for an obtain of `keys`, woken by the release events of `events`.
-    pub(crate) fn for_keys(events: &'a [Events], keys: &'a [String]) -> Self {
+    /// A waiter for an obtain of `keys` (in `modes`), woken by the release events of
+    /// `events`.
+    pub(crate) fn for_keys(
+        events: &'a [Events],
+        keys: &'a [String],
+        modes: Option<&'a Modes>,
+    ) -> Self {
         Self {
             events,
             keys,
+            modes,
             listening: Vec::new(),
         }
+    }
+
+    /// Whether this waiter would share `keys[key]` (shared, or as a permit).
+    fn sharing(&self, key: usize) -> bool {
+        self.modes
+            .and_then(|modes| modes.list().get(key))
+            .is_some_and(|mode| *mode != Mode::Exclusive)
+    }
+
+    /// Subscribes to `channel`, the release channel of `keys[key]`, on every server.
+    fn subscribe(&self, channel: &str, key: usize) -> Vec<Subscription> {
+        let sharing = self.sharing(key);
+        self.events
+            .iter()
+            .map(|events| events.subscribe(channel, sharing))
+            .collect()
     }
 
     /// Before the first attempt of a single-key obtain: when this client already listens on
@@ -86,7 +111,7 @@ impl<'a> Waiter<'a> {
         };
         let channel = release_channel(key);
         if self.events.iter().any(|events| events.is_live(channel)) {
-            self.listening = self.events.iter().map(|e| e.subscribe(channel)).collect();
+            self.listening = self.subscribe(channel, 0);
         }
     }
 
@@ -106,13 +131,13 @@ impl<'a> Waiter<'a> {
     /// subscription was lost): then the caller should try again at once, since the release
     /// may have happened before the subscription took effect.
     async fn listen_to(&mut self, key: usize, until: Option<Instant>) -> bool {
-        let Some(key) = self.keys.get(key) else {
+        let Some(name) = self.keys.get(key) else {
             return false;
         };
         if self.events.is_empty() {
             return false;
         }
-        let channel = release_channel(key);
+        let channel = release_channel(name);
         let same = self
             .listening
             .first()
@@ -130,7 +155,7 @@ impl<'a> Waiter<'a> {
             // Leave the old channel first, so that it never lingers (a wake-up this waiter
             // did not use is passed on as it leaves).
             self.listening.clear();
-            self.listening = self.events.iter().map(|e| e.subscribe(channel)).collect();
+            self.listening = self.subscribe(channel, key);
         }
         // Listening on one server is enough to be woken; the others keep subscribing in the
         // background (a master that is down must not hold up the waiter).

@@ -808,3 +808,242 @@ async fn a_fencing_counter_of_another_type_is_a_wrong_type_error_naming_it() {
     );
     assert!(!env.exists("{doc}:a").await && !env.exists("{doc}:b").await);
 }
+
+/// Lets waiters that were just started make their first attempts and go to sleep, so that
+/// the release below finds them asleep (a waiter still trying finds the key free by itself:
+/// the assertions hold either way, this only makes them bite).
+async fn let_waiters_sleep() {
+    tokio::time::sleep(ms(500)).await;
+}
+
+/// Several waiters of one client for shared keys, or permits, behind an exclusive holder of
+/// another client: its one release lets every one of them in at once.
+#[tokio::test]
+async fn one_release_wakes_every_local_waiter_that_can_share() {
+    let env = Env::start().await;
+    let other = env.other_client().await;
+    for mode in [READ, permits(3)] {
+        let holder = other.obtain("doc", ms(20_000), &once()).await.unwrap();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let client = env.client.clone();
+                tokio::spawn(async move {
+                    let lock = client
+                        .obtain(("doc", mode), ms(30_000), &slow_polling())
+                        .await;
+                    (Instant::now(), lock.unwrap())
+                })
+            })
+            .collect();
+        support::eventually(ms(10_000), "the holder marked", async || {
+            env.get("doc").await.is_some_and(|v| v.starts_with('!'))
+        })
+        .await;
+        let_waiters_sleep().await;
+        let released = Instant::now();
+        holder.release().await.unwrap();
+        for waiter in waiters {
+            let (at, lock) = tokio::time::timeout(ms(30_000), waiter)
+                .await
+                .unwrap()
+                .unwrap();
+            let waited = at.saturating_duration_since(released);
+            assert!(waited < WOKEN_WITHIN, "{mode}: a waiter slept {waited:?}");
+            lock.release().await.unwrap();
+        }
+    }
+}
+
+/// A waiting writer and a reader queued behind it in one client; the readers they wait for
+/// release one by one, the first from that same client: the last release lets the writer in.
+#[tokio::test]
+async fn the_last_readers_release_reaches_the_writer_behind_which_readers_queue() {
+    let env = Env::start().await;
+    let other = env.other_client().await;
+    let near = env
+        .client
+        .obtain(("doc", READ), ms(30_000), &once())
+        .await
+        .unwrap();
+    let far = other
+        .obtain(("doc", READ), ms(30_000), &once())
+        .await
+        .unwrap();
+    let writer = tokio::spawn({
+        let client = env.client.clone();
+        async move {
+            let lock = client.obtain("doc", ms(10_000), &slow_polling()).await;
+            (Instant::now(), lock.unwrap())
+        }
+    });
+    support::eventually(ms(10_000), "the writer queued", async || {
+        env.cmd::<Option<f64>>(&["ZSCORE", "doc", "=x"])
+            .await
+            .is_some()
+    })
+    .await;
+    let reader = tokio::spawn({
+        let client = env.client.clone();
+        async move {
+            client
+                .obtain(("doc", READ), ms(10_000), &slow_polling())
+                .await
+        }
+    });
+    let_waiters_sleep().await;
+    near.release().await.unwrap();
+    let_waiters_sleep().await;
+    let released = Instant::now();
+    far.release().await.unwrap();
+    let (at, lock) = tokio::time::timeout(ms(30_000), writer)
+        .await
+        .unwrap()
+        .unwrap();
+    let waited = at.saturating_duration_since(released);
+    assert!(waited < WOKEN_WITHIN, "the writer slept {waited:?}");
+    lock.release().await.unwrap();
+    let reader = tokio::time::timeout(ms(30_000), reader)
+        .await
+        .unwrap()
+        .unwrap();
+    reader.unwrap().release().await.unwrap();
+}
+
+/// The last live reader's release is announced also while a crashed reader's expired share
+/// is still in the set.
+#[tokio::test]
+async fn the_last_live_readers_release_is_announced_beside_an_expired_share() {
+    let env = Env::start().await;
+    let other = env.other_client().await;
+    let staying = other
+        .obtain(("doc", READ), ms(30_000), &once())
+        .await
+        .unwrap();
+    let crashed = other.obtain(("doc", READ), ms(300), &once()).await.unwrap();
+    let crashed_value = format!("22:{}", crashed.token());
+    drop(crashed);
+    let writer = tokio::spawn({
+        let client = env.client.clone();
+        async move {
+            let lock = client.obtain("doc", ms(10_000), &slow_polling()).await;
+            (Instant::now(), lock.unwrap())
+        }
+    });
+    support::eventually(ms(10_000), "the crashed share expired", async || {
+        let score: Option<f64> = env.cmd(&["ZSCORE", "doc", &crashed_value]).await;
+        let time: Vec<String> = env.cmd(&["TIME"]).await;
+        let now = time[0].parse::<f64>().unwrap() * 1000.0;
+        score.is_some_and(|score| score + 1000.0 < now)
+    })
+    .await;
+    let released = Instant::now();
+    staying.release().await.unwrap();
+    let (at, lock) = tokio::time::timeout(ms(30_000), writer)
+        .await
+        .unwrap()
+        .unwrap();
+    let waited = at.saturating_duration_since(released);
+    assert!(waited < WOKEN_WITHIN, "the writer slept {waited:?}");
+    lock.release().await.unwrap();
+}
+
+/// Handles that share a token are one owner, as for exclusive keys: after a re-obtain by
+/// the token with new metadata, the first handle (a random token) still refreshes, reads
+/// and releases its shared and counted keys.
+#[tokio::test]
+async fn a_handle_keeps_its_share_after_a_reobtain_by_its_token_with_new_metadata() {
+    let env = Env::start().await;
+    for mode in [WRITE, READ, permits(2)] {
+        let first = env
+            .client
+            .obtain(("doc", mode), ms(10_000), &once().metadata("m1"))
+            .await
+            .unwrap();
+        let again = env
+            .client
+            .obtain(
+                ("doc", mode),
+                ms(10_000),
+                &Options::default().token(first.token()).metadata("m2"),
+            )
+            .await
+            .unwrap();
+        assert!(first.ttl().await.unwrap().is_some(), "{mode}");
+        first.refresh(ms(10_000), &once()).await.unwrap();
+        first.release().await.unwrap();
+        drop(again);
+        assert_eq!(env.dbsize().await, 0, "{mode}");
+    }
+}
+
+/// A writer that gave up leaves its mark until it lapses; a key with no holder still takes
+/// any mode meanwhile.
+#[tokio::test]
+async fn a_lapsed_writers_mark_does_not_fix_the_keys_mode() {
+    let env = Env::start().await;
+    let reader = env
+        .client
+        .obtain(("doc", READ), ms(10_000), &once())
+        .await
+        .unwrap();
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(200));
+    let writer = env.client.obtain("doc", ms(30_000), &options).await;
+    assert!(matches!(writer, Err(Error::DeadlineExceeded)), "{writer:?}");
+    reader.release().await.unwrap();
+    let permit = env
+        .client
+        .obtain(("doc", permits(2)), ms(10_000), &once())
+        .await;
+    permit.unwrap().release().await.unwrap();
+}
+
+/// Adopting a key in another mode than it is held in is not holding it.
+#[tokio::test]
+async fn adopting_in_the_wrong_mode_is_not_held() {
+    let env = Env::start().await;
+    let options = Options::default().token("tok");
+    let lock = env
+        .client
+        .obtain(("job", permits(1)), ms(10_000), &options)
+        .await
+        .unwrap();
+    let adopted = env
+        .client
+        .adopt([("job", READ)], ms(10_000), &options)
+        .await;
+    assert!(matches!(adopted, Err(Error::NotHeld)), "{adopted:?}");
+    let members: Vec<String> = env.cmd(&["ZRANGE", "job", "0", "-1"]).await;
+    assert_eq!(members, vec!["=p1".to_owned(), "3:tok".to_owned()]);
+    lock.release().await.unwrap();
+}
+
+/// A Redlock refresh that re-creates missing keys (on a master that restarted empty) either
+/// re-creates all of them or changes nothing.
+#[tokio::test]
+async fn a_restoring_refresh_without_room_changes_nothing() {
+    let env = Env::start().await;
+    let script = include_str!("../lua/modes.lua");
+    let eval = async |keys: &[&str], args: &[&str]| -> i64 {
+        let mut cmd = lockset::redis::cmd("EVAL");
+        cmd.arg(script).arg(keys.len()).arg(keys).arg(args);
+        cmd.query_async(&mut env.raw.clone()).await.unwrap()
+    };
+    // Someone else holds the one permit of P on this master.
+    let other = [
+        "obtain", "p1", "5:other", "5:other", "0", "10000", "0", "0", "0",
+    ];
+    let taken: Vec<Option<i64>> = {
+        let mut cmd = lockset::redis::cmd("EVAL");
+        cmd.arg(script).arg(1).arg("P").arg(&other);
+        cmd.query_async(&mut env.raw.clone()).await.unwrap()
+    };
+    assert_eq!(taken, vec![Some(1), None]);
+    let restore = ["refresh", "x,p1", "4:mine", "4:mine", "0", "10000", "1"];
+    assert_eq!(eval(&["E", "P"], &restore).await, 2);
+    assert!(
+        !env.exists("E").await,
+        "a key was re-created by a refresh that reported 2"
+    );
+}
