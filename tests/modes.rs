@@ -1047,3 +1047,23 @@ async fn a_restoring_refresh_without_room_changes_nothing() {
         "a key was re-created by a refresh that reported 2"
     );
 }
+
+/// A guard's lost signal fires when its share is taken away (here: removed by hand), as for
+/// an exclusive lock.
+#[tokio::test]
+async fn a_guard_on_a_share_signals_its_loss() {
+    let env = Env::start().await;
+    let lock = env
+        .client
+        .obtain(("doc", READ), ms(3_000), &once())
+        .await
+        .unwrap();
+    let value = format!("22:{}", lock.token());
+    let guard = lock.keep_alive_every(ms(100));
+    let lost = guard.lost_signal();
+    env.cmd::<i64>(&["ZREM", "doc", &value]).await;
+    tokio::time::timeout(ms(10_000), lost.lost())
+        .await
+        .expect("the lost signal fired");
+    assert!(guard.ttl().await.unwrap().is_none());
+}
