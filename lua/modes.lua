@@ -346,10 +346,16 @@ local function obtain()
     local what, stored = kind(key, mode)
     if what == 'set' then
       prune(key)
-      -- A set in another mode that nobody holds any more is as good as free.
-      if stored ~= '=' .. mode and not select(2, latest(key)) then
-        redis.call('DEL', key)
-        what = 'free'
+      -- A set in another mode that nobody holds any more is as good as free; but while a
+      -- writer waits (its mark is live), only for a lock that writes.
+      if stored ~= '=' .. mode then
+        local top, holder = latest(key)
+        if not holder and top and not writes then
+          return held_set(i, top)
+        elseif not holder then
+          redis.call('DEL', key)
+          what = 'free'
+        end
       end
     end
     if what == 'foreign' then

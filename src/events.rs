@@ -16,7 +16,9 @@
 //! **Dispatch.** Messages arrive through redis-rs's RESP3 push sender and are handled inline,
 //! in constant time, without awaiting anything: a message for a channel nobody waits on is
 //! dropped, any other wakes **one** waiter of this client (`Notify::notify_one`), since the
-//! lock can go to only one of them. A woken waiter that does not take the lock because it
+//! lock can go to only one of them; or **every** waiter of this client while one of them
+//! would share the key (shared, or a permit: one release may let them all in), and such a
+//! waiter that was not asleep yet when woken does not go to sleep. A woken waiter that does not take the lock because it
 //! leaves (another key of its set is held, its deadline passed, it was cancelled) passes the
 //! wake-up on to the next waiter. (redis-rs's connection manager forwards pushes through an
 //! internal channel and a task that does nothing else, before they reach the dispatcher.)
@@ -135,6 +137,10 @@ struct Channel {
     /// Waiters that would share the key (shared, or a permit): one release may let all of
     /// them in, so then a release wakes every waiter instead of one.
     sharers: usize,
+    /// How many times waiters were woken: a sharing waiter that was between an attempt and
+    /// its sleep when it happened (a `Notify` keeps one wake-up, not one per waiter) sees it
+    /// changed and does not sleep.
+    wakes: Arc<AtomicU64>,
     notify: Arc<Notify>,
     state: Arc<ChannelState>,
     /// When the last waiter left.
@@ -150,6 +156,7 @@ impl Channel {
     /// waiter would share it, every waiter (each sees for itself whether it may go in, and
     /// a waiting writer must not sleep through the release a reader could not use).
     fn wake(&self) {
+        self.wakes.fetch_add(1, Ordering::AcqRel);
         let wakes = if self.sharers > 0 { self.waiters } else { 1 };
         for _ in 0..wakes.max(1) {
             self.notify.notify_one();
@@ -330,6 +337,7 @@ impl Events {
             .or_insert_with(|| Channel {
                 waiters: 0,
                 sharers: 0,
+                wakes: Arc::default(),
                 notify: Arc::new(Notify::new()),
                 state: Arc::default(),
                 idle_since: None,
@@ -349,6 +357,8 @@ impl Events {
             state: entry.state.clone(),
             woken: AtomicBool::new(false),
             sharing,
+            seen: AtomicU64::new(entry.wakes.load(Ordering::Acquire)),
+            wakes: entry.wakes.clone(),
         }
     }
 
@@ -497,7 +507,7 @@ impl Inner {
             entry.state.unsubscribed();
             entry.lapsed = true;
             if entry.waiters > 0 {
-                entry.notify.notify_one();
+                entry.wake();
             }
         }
     }
@@ -565,7 +575,7 @@ impl Inner {
                 self.with_channel(channel, |_, entry| {
                     entry.state.subscribed.send_replace(Some(generation));
                     if std::mem::take(&mut entry.lapsed) && entry.waiters > 0 {
-                        entry.notify.notify_one();
+                        entry.wake();
                     }
                 });
             }
@@ -575,7 +585,7 @@ impl Inner {
                 self.with_channel(channel, |_, entry| {
                     if entry.state.unsubscribed() && entry.waiters > 0 {
                         entry.lapsed = true;
-                        entry.notify.notify_one();
+                        entry.wake();
                     }
                 });
             }
@@ -682,6 +692,10 @@ pub(crate) struct Subscription {
     woken: AtomicBool,
     /// It would share the key (see [`Channel::sharers`]).
     sharing: bool,
+    /// The channel's wake-ups (see [`Channel::wakes`]), and their number when this waiter
+    /// last made an attempt.
+    wakes: Arc<AtomicU64>,
+    seen: AtomicU64,
 }
 
 impl Subscription {
@@ -690,6 +704,18 @@ impl Subscription {
     pub(crate) async fn released(&self) {
         self.notify.notified().await;
         self.woken.store(true, Ordering::Relaxed);
+    }
+
+    /// The waiter is about to make an attempt: wake-ups until now are for releases it sees.
+    pub(crate) fn attempting(&self) {
+        self.seen
+            .store(self.wakes.load(Ordering::Acquire), Ordering::Relaxed);
+    }
+
+    /// A sharing waiter was woken since its last attempt, maybe while it was not asleep yet
+    /// (its wake-up then went to another waiter): it should not sleep.
+    pub(crate) fn missed_a_wake_up(&self) -> bool {
+        self.sharing && self.wakes.load(Ordering::Acquire) != self.seen.load(Ordering::Relaxed)
     }
 
     /// The waiter used its wake-up: it obtained the lock, or found it taken and waits again.

@@ -182,9 +182,20 @@ impl<'a> Waiter<'a> {
         }
     }
 
+    /// An attempt is about to be made.
+    fn attempting(&self) {
+        for subscription in &self.listening {
+            subscription.attempting();
+        }
+    }
+
     /// Waits until `until` (forever when `None`) or a release event; true when woken by
-    /// the event.
+    /// the event (also one that came since the last attempt, for a waiter that would share
+    /// the key).
     async fn wait(&self, until: Option<Instant>) -> bool {
+        if self.listening.iter().any(Subscription::missed_a_wake_up) {
+            return true;
+        }
         let sleep = async {
             match until {
                 Some(until) => tokio::time::sleep_until(until).await,
@@ -240,6 +251,7 @@ where
             retries: backoff.peek().is_some(),
         };
         watch.attempts += 1;
+        waiter.attempting();
         let Some(step) = until_deadline(deadline, attempt(how)).await else {
             // The attempt, dropped, cleans up after itself in the background.
             return Err(Error::UnknownOutcome(cut_at_deadline()));

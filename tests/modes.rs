@@ -970,29 +970,6 @@ async fn a_handle_keeps_its_share_after_a_reobtain_by_its_token_with_new_metadat
     }
 }
 
-/// A writer that gave up leaves its mark until it lapses; a key with no holder still takes
-/// any mode meanwhile.
-#[tokio::test]
-async fn a_lapsed_writers_mark_does_not_fix_the_keys_mode() {
-    let env = Env::start().await;
-    let reader = env
-        .client
-        .obtain(("doc", READ), ms(10_000), &once())
-        .await
-        .unwrap();
-    let options = Options::default()
-        .retry(Retry::linear(ms(50)))
-        .timeout(ms(200));
-    let writer = env.client.obtain("doc", ms(30_000), &options).await;
-    assert!(matches!(writer, Err(Error::DeadlineExceeded)), "{writer:?}");
-    reader.release().await.unwrap();
-    let permit = env
-        .client
-        .obtain(("doc", permits(2)), ms(10_000), &once())
-        .await;
-    permit.unwrap().release().await.unwrap();
-}
-
 /// Adopting a key in another mode than it is held in is not holding it.
 #[tokio::test]
 async fn adopting_in_the_wrong_mode_is_not_held() {
@@ -1060,4 +1037,69 @@ async fn a_guard_on_a_share_signals_its_loss() {
         .await
         .expect("the lost signal fired");
     assert!(guard.ttl().await.unwrap().is_none());
+}
+
+/// Two readers of one client that are between a failed attempt and their sleep when the
+/// key is released (here: held up in the retry callback) are both let in, not one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_between_attempt_and_sleep_still_hear_the_release() {
+    let env = Env::start().await;
+    let other = env.other_client().await;
+    let writer = other.obtain("doc", ms(20_000), &once()).await.unwrap();
+    let stalled = Options::default()
+        .retry(Retry::linear(ms(60_000)))
+        .timeout(ms(120_000))
+        .on_retry(|_| tokio::task::block_in_place(|| std::thread::sleep(ms(400))));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (client, options) = (env.client.clone(), stalled.clone());
+            tokio::spawn(async move {
+                let lock = client.obtain(("doc", READ), ms(30_000), &options).await;
+                (Instant::now(), lock.unwrap())
+            })
+        })
+        .collect();
+    // The readers' second attempts fail at about 400 ms; they stall until about 800 ms.
+    tokio::time::sleep(ms(600)).await;
+    let released = Instant::now();
+    writer.release().await.unwrap();
+    for reader in readers {
+        let (at, lock) = tokio::time::timeout(ms(90_000), reader)
+            .await
+            .unwrap()
+            .unwrap();
+        let waited = at.saturating_duration_since(released);
+        assert!(waited < WOKEN_WITHIN, "a reader slept {waited:?}");
+        drop(lock);
+    }
+}
+
+/// A writer's live mark on a key that nobody holds any more keeps out every lock that
+/// writes nothing, whatever mode it asks for; a lock that writes takes the key.
+#[tokio::test]
+async fn a_writers_mark_keeps_out_locks_that_write_nothing_in_any_mode() {
+    let env = Env::start().await;
+    let reader = env
+        .client
+        .obtain(("doc", READ), ms(10_000), &once())
+        .await
+        .unwrap();
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(200));
+    let writer = env.client.obtain("doc", ms(30_000), &options).await;
+    assert!(matches!(writer, Err(Error::DeadlineExceeded)), "{writer:?}");
+    reader.release().await.unwrap();
+    for mode in [READ, permits(2)] {
+        let blocked = env.client.obtain(("doc", mode), ms(10_000), &once()).await;
+        assert!(
+            matches!(blocked, Err(Error::NotObtained)),
+            "{mode}: {blocked:?}"
+        );
+    }
+    let writes = env
+        .client
+        .obtain_multi([("doc", permits(2)), ("other", WRITE)], ms(10_000), &once())
+        .await;
+    writes.unwrap().release().await.unwrap();
 }
