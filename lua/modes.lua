@@ -141,7 +141,6 @@ end
 -- Where a key of the lock stands for this owner: "ours", "missing" or "foreign"; for an
 -- exclusive key also its value, for a set key our member and its score.
 local function state(key, mode)
-  local stored
   -- The common case in one command: our member, by value, in a set.
   if mode ~= 'x' then
     local score = redis.pcall('ZSCORE', key, value)
@@ -150,8 +149,7 @@ local function state(key, mode)
       return 'ours', value, tonumber(score)
     end
   end
-  local what
-  what, stored = kind(key, mode)
+  local what, stored = kind(key, mode)
   if what == 'free' then
     return 'missing'
   elseif what == 'foreign' then
@@ -240,9 +238,7 @@ local function refresh()
   for i = 1, count do
     local key, mode = KEYS[i], modes[i]
     if states[i][1] == 'missing' and mode ~= 'x' and mode ~= 's' then
-      local what = kind(key, mode)
-      if what == 'set' then
-        prune(key)
+      if kind(key, mode) == 'set' then
         local writer = redis.call('ZSCORE', key, '=x')
         if holders(key, writer) >= tonumber(string.sub(mode, 2)) then
           return 2

@@ -350,12 +350,8 @@ where
         ttl: Duration,
         options: &Options,
     ) -> Result<Lock<C>> {
-        let (key, mode) = key.into_key_and_mode();
-        let modes = match mode {
-            Mode::Exclusive => Vec::new(),
-            mode => vec![mode],
-        };
-        self.obtain_keys(vec![key], modes, ttl, options).await
+        let (keys, modes) = mode::split(std::iter::once(key));
+        self.obtain_keys(keys, modes, ttl, options).await
     }
 
     /// Locks every key of `keys` for `ttl`, all or nothing: either every key is locked or
@@ -530,10 +526,10 @@ where
             .instrument(span.clone())
             .await;
         finished(&span, watch.attempts, start, &obtained);
-        let won = obtained?;
+        let (won, modes) = obtained?;
         let obtained = Obtained {
             keys,
-            modes: won.modes,
+            modes,
             owner: won.owner,
             metadata: options.metadata.clone(),
             ttl: won.ttl,
@@ -553,7 +549,7 @@ where
         options: &Options,
         start: Instant,
         watch: &mut Watch<'_>,
-    ) -> Result<Won> {
+    ) -> Result<(Won, Option<Modes>)> {
         let modes = checked_modes(keys, modes)?;
         let ttl = Ttl::new(ttl)?;
         let custom = options.token.as_deref().map(Owner::custom).transpose()?;
@@ -577,7 +573,7 @@ where
             attempt.run(how)
         })
         .await?;
-        Ok(Won { modes, ..won })
+        Ok((won, modes))
     }
 
     /// The fencing counter key, when `options` ask for fencing tokens.
@@ -626,8 +622,6 @@ struct Attempt<'a, C> {
 
 /// A successful attempt.
 struct Won {
-    /// Filled in once the attempts are over.
-    modes: Option<Modes>,
     owner: Owner,
     ttl: Ttl,
     fence: Option<u64>,
@@ -680,7 +674,6 @@ where
                 let valid_for = ttl.saturating_sub(self.client.backend().drift(ttl));
                 let valid_until = sent.checked_add(valid_for).unwrap_or(sent);
                 Step::Done(Won {
-                    modes: None,
                     owner: owner.into_owned(),
                     ttl: self.ttl,
                     fence,

@@ -263,15 +263,26 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         claim: &Claim<'_>,
         payload: Option<&str>,
     ) -> Result<Holding<()>> {
-        let (announce, payload) = self.announcing(payload);
+        self.release_sent(claim, payload, Sending::ByHash).await
+    }
+
+    async fn release_sent(
+        &self,
+        claim: &Claim<'_>,
+        payload: Option<&str>,
+        sending: Sending,
+    ) -> Result<Holding<()>> {
+        let announce = if payload.is_some() { self.announce } else { "" };
+        let payload = payload.unwrap_or("");
         let done: i64 = match claim.modes {
             Some(modes) => {
                 let args = mode_args("release", modes, claim, (announce, payload));
-                self.invoke(&scripts::MODES, claim.keys, None, args).await?
+                self.send(&scripts::MODES, claim.keys, None, args, sending)
+                    .await?
             }
             None => {
                 let args = (claim.owner.tag(), claim.value, announce, payload);
-                self.invoke(&scripts::RELEASE, claim.keys, None, args)
+                self.send(&scripts::RELEASE, claim.keys, None, args, sending)
                     .await?
             }
         };
@@ -301,29 +312,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// obtain and must not depend on a NOSCRIPT fallback that nobody will be waiting to run.
     /// Keys that somebody waits for are announced: the waiter marked them meanwhile.
     pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
-        let mut eval = redis::cmd("EVAL");
-        let (announce, payload) = self.announcing(Some(""));
-        match claim.modes {
-            Some(modes) => eval
-                .arg(scripts::MODES.source)
-                .arg(claim.keys.len())
-                .arg(claim.keys)
-                .arg(mode_args("release", modes, claim, (announce, payload))),
-            None => eval
-                .arg(scripts::RELEASE.source)
-                .arg(claim.keys.len())
-                .arg(claim.keys)
-                .arg((claim.owner.tag(), claim.value, announce, payload)),
-        };
-        let done: i64 = eval.query_async(&mut self.conn.clone()).await?;
-        Ok(Holding::from_reply(done, ()))
-    }
-
-    /// The command a release announces itself with (none without a payload), and the
-    /// payload.
-    fn announcing<'a>(&self, payload: Option<&'a str>) -> (&'static str, &'a str) {
-        let announce = if payload.is_some() { self.announce } else { "" };
-        (announce, payload.unwrap_or(""))
+        self.release_sent(claim, Some(""), Sending::Whole).await
     }
 
     /// Runs `script` by EVALSHA over `keys` (then `extra_key`, if any) with `args`; when the
@@ -340,6 +329,19 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         extra_key: Option<&str>,
         args: A,
     ) -> Result<T> {
+        self.send(script, keys, extra_key, args, Sending::ByHash)
+            .await
+    }
+
+    /// Runs `script` as [`Store::invoke`] does, or sends it whole at once.
+    async fn send<T: FromRedisValue, A: ToRedisArgs>(
+        &self,
+        script: &Lua,
+        keys: &[String],
+        extra_key: Option<&str>,
+        args: A,
+        sending: Sending,
+    ) -> Result<T> {
         let command = |verb: &str, script: &str| {
             let key_bytes: usize = keys.iter().map(String::len).sum();
             let mut cmd = Cmd::with_capacity(keys.len() + 8, key_bytes + script.len() + 128);
@@ -352,6 +354,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             cmd
         };
         let mut conn = self.conn.clone();
+        if sending == Sending::Whole {
+            return Ok(command("EVAL", script.source)
+                .query_async(&mut conn)
+                .await?);
+        }
         match command("EVALSHA", &script.hash)
             .query_async(&mut conn)
             .await
@@ -367,6 +374,15 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             reply => Ok(reply?),
         }
     }
+}
+
+/// How a script goes to the server.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Sending {
+    /// By its hash (EVALSHA), sent whole only when the server does not have it.
+    ByHash,
+    /// Whole (EVAL), never depending on a second round trip.
+    Whole,
 }
 
 fn is_syntax_error(err: &RedisError) -> bool {

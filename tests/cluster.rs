@@ -439,30 +439,19 @@ async fn modes_on_a_cluster() {
     );
     for tag in ["a", "b", "c", "d"] {
         let (doc, job) = (format!("{{{tag}}}:doc"), format!("{{{tag}}}:job"));
-        let readers = [
-            holder
-                .obtain_multi(
-                    [
-                        (doc.as_str(), Mode::Shared),
-                        (job.as_str(), Mode::Permit { limit: 2 }),
-                    ],
-                    ms(60_000),
-                    &Options::default(),
-                )
-                .await
-                .unwrap(),
-            holder
-                .obtain_multi(
-                    [
-                        (doc.as_str(), Mode::Shared),
-                        (job.as_str(), Mode::Permit { limit: 2 }),
-                    ],
-                    ms(60_000),
-                    &Options::default(),
-                )
-                .await
-                .unwrap(),
+        let keys = [
+            (doc.as_str(), Mode::Shared),
+            (job.as_str(), Mode::Permit { limit: 2 }),
         ];
+        let options = Options::default();
+        let first = holder
+            .obtain_multi(keys, ms(60_000), &options)
+            .await
+            .unwrap();
+        let second = holder
+            .obtain_multi(keys, ms(60_000), &options)
+            .await
+            .unwrap();
         let writer = tokio::spawn({
             let (waiting, doc) = (waiting.clone(), doc.clone());
             async move { waiting.obtain(doc, ms(60_000), &slow_polling()).await }
@@ -475,7 +464,6 @@ async fn modes_on_a_cluster() {
                 .is_empty()
         })
         .await;
-        let [first, second] = readers;
         first.release().await.unwrap();
         second.release().await.unwrap();
         let released = tokio::time::Instant::now();

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use lockset::{Error, InvalidInput, Jitter, Mode, Options, Retry};
+use lockset::redis::aio::ConnectionManager;
+use lockset::{Client, Error, InvalidInput, Jitter, Lock, Mode, Options, Retry};
 use support::{Env, ms};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const READ: Mode = Mode::Shared;
@@ -32,6 +34,34 @@ fn slow_polling() -> Options {
 
 /// A poll that would take far longer than being woken by a release event.
 const WOKEN_WITHIN: Duration = Duration::from_secs(5);
+
+type Waiting = JoinHandle<(Instant, Lock<ConnectionManager>)>;
+
+/// An obtain of `key` in `mode` per `options`, in a task of its own, that reports when it
+/// got the lock.
+fn spawn_waiter(
+    client: &Client<ConnectionManager>,
+    key: &'static str,
+    mode: Mode,
+    options: Options,
+) -> Waiting {
+    let client = client.clone();
+    tokio::spawn(async move {
+        let lock = client.obtain((key, mode), ms(30_000), &options).await;
+        (Instant::now(), lock.unwrap())
+    })
+}
+
+/// The lock of `waiter`, which must have got it within [`WOKEN_WITHIN`] of `released`.
+async fn woken(waiter: Waiting, released: Instant, what: &str) -> Lock<ConnectionManager> {
+    let (at, lock) = tokio::time::timeout(ms(90_000), waiter)
+        .await
+        .expect("the waiter returns")
+        .unwrap();
+    let waited = at.saturating_duration_since(released);
+    assert!(waited < WOKEN_WITHIN, "{what} slept {waited:?}");
+    lock
+}
 
 #[tokio::test]
 async fn readers_share_a_key_that_excludes_writers_until_the_last_reader_leaves() {
@@ -452,10 +482,7 @@ async fn a_waiting_writer_keeps_new_readers_out() {
         .obtain(("doc", READ), ms(60_000), &once())
         .await
         .unwrap();
-    let writer = tokio::spawn({
-        let other = other.clone();
-        async move { other.obtain("doc", ms(10_000), &slow_polling()).await }
-    });
+    let writer = spawn_waiter(&other, "doc", WRITE, slow_polling());
     support::eventually(ms(10_000), "the writer queued", async || {
         env.cmd::<Option<f64>>(&["ZSCORE", "doc", "=x"])
             .await
@@ -465,43 +492,18 @@ async fn a_waiting_writer_keeps_new_readers_out() {
     let late = env.client.obtain(("doc", READ), ms(60_000), &once()).await;
     assert!(matches!(late, Err(Error::NotObtained)), "{late:?}");
     // The reader's release wakes the writer (it polls once a minute).
-    reader.release().await.unwrap();
     let released = Instant::now();
-    let writer = tokio::time::timeout(ms(30_000), writer)
-        .await
-        .expect("the writer was not woken")
-        .unwrap()
-        .unwrap();
-    assert!(
-        released.elapsed() < WOKEN_WITHIN,
-        "{:?}",
-        released.elapsed()
-    );
+    reader.release().await.unwrap();
+    let writer = woken(writer, released, "the writer").await;
     // A reader that waits now is woken by the writer's release.
-    let reader = tokio::spawn({
-        let client = env.client.clone();
-        async move {
-            client
-                .obtain(("doc", READ), ms(10_000), &slow_polling())
-                .await
-        }
-    });
+    let reader = spawn_waiter(&env.client, "doc", READ, slow_polling());
     support::eventually(ms(10_000), "the writer's value marked", async || {
         env.get("doc").await.is_some_and(|v| v.starts_with('!'))
     })
     .await;
-    writer.release().await.unwrap();
     let released = Instant::now();
-    let reader = tokio::time::timeout(ms(30_000), reader)
-        .await
-        .expect("the reader was not woken")
-        .unwrap()
-        .unwrap();
-    assert!(
-        released.elapsed() < WOKEN_WITHIN,
-        "{:?}",
-        released.elapsed()
-    );
+    writer.release().await.unwrap();
+    let reader = woken(reader, released, "the reader").await;
     reader.release().await.unwrap();
     assert_eq!(env.dbsize().await, 0);
 }
@@ -571,32 +573,16 @@ async fn a_permit_waiter_is_woken_when_a_permit_is_released() {
         .obtain(("job", permits(2)), ms(60_000), &once())
         .await
         .unwrap();
-    let waiter = tokio::spawn({
-        let other = other.clone();
-        async move {
-            other
-                .obtain(("job", permits(2)), ms(10_000), &slow_polling())
-                .await
-        }
-    });
+    let waiter = spawn_waiter(&other, "job", permits(2), slow_polling());
     support::eventually(ms(10_000), "the waiter marked the key", async || {
         env.cmd::<Option<f64>>(&["ZSCORE", "job", "=w"])
             .await
             .is_some()
     })
     .await;
-    first.release().await.unwrap();
     let released = Instant::now();
-    let permit = tokio::time::timeout(ms(30_000), waiter)
-        .await
-        .expect("the waiter was not woken")
-        .unwrap()
-        .unwrap();
-    assert!(
-        released.elapsed() < WOKEN_WITHIN,
-        "{:?}",
-        released.elapsed()
-    );
+    first.release().await.unwrap();
+    let permit = woken(waiter, released, "the permit waiter").await;
     permit.release().await.unwrap();
 }
 
@@ -819,15 +805,7 @@ async fn one_release_wakes_every_local_waiter_that_can_share() {
     for mode in [READ, permits(3)] {
         let holder = other.obtain("doc", ms(20_000), &once()).await.unwrap();
         let waiters: Vec<_> = (0..3)
-            .map(|_| {
-                let client = env.client.clone();
-                tokio::spawn(async move {
-                    let lock = client
-                        .obtain(("doc", mode), ms(30_000), &slow_polling())
-                        .await;
-                    (Instant::now(), lock.unwrap())
-                })
-            })
+            .map(|_| spawn_waiter(&env.client, "doc", mode, slow_polling()))
             .collect();
         support::eventually(ms(10_000), "the holder marked", async || {
             env.get("doc").await.is_some_and(|v| v.starts_with('!'))
@@ -837,12 +815,7 @@ async fn one_release_wakes_every_local_waiter_that_can_share() {
         let released = Instant::now();
         holder.release().await.unwrap();
         for waiter in waiters {
-            let (at, lock) = tokio::time::timeout(ms(30_000), waiter)
-                .await
-                .unwrap()
-                .unwrap();
-            let waited = at.saturating_duration_since(released);
-            assert!(waited < WOKEN_WITHIN, "{mode}: a waiter slept {waited:?}");
+            let lock = woken(waiter, released, &format!("{mode}: a waiter")).await;
             lock.release().await.unwrap();
         }
     }
@@ -863,44 +836,26 @@ async fn the_last_readers_release_reaches_the_writer_behind_which_readers_queue(
         .obtain(("doc", READ), ms(30_000), &once())
         .await
         .unwrap();
-    let writer = tokio::spawn({
-        let client = env.client.clone();
-        async move {
-            let lock = client.obtain("doc", ms(10_000), &slow_polling()).await;
-            (Instant::now(), lock.unwrap())
-        }
-    });
+    let writer = spawn_waiter(&env.client, "doc", WRITE, slow_polling());
     support::eventually(ms(10_000), "the writer queued", async || {
         env.cmd::<Option<f64>>(&["ZSCORE", "doc", "=x"])
             .await
             .is_some()
     })
     .await;
-    let reader = tokio::spawn({
-        let client = env.client.clone();
-        async move {
-            client
-                .obtain(("doc", READ), ms(10_000), &slow_polling())
-                .await
-        }
-    });
+    let reader = spawn_waiter(&env.client, "doc", READ, slow_polling());
     let_waiters_sleep().await;
     near.release().await.unwrap();
     let_waiters_sleep().await;
     let released = Instant::now();
     far.release().await.unwrap();
-    let (at, lock) = tokio::time::timeout(ms(30_000), writer)
-        .await
-        .unwrap()
-        .unwrap();
-    let waited = at.saturating_duration_since(released);
-    assert!(waited < WOKEN_WITHIN, "the writer slept {waited:?}");
+    let lock = woken(writer, released, "the writer").await;
     lock.release().await.unwrap();
-    let reader = tokio::time::timeout(ms(30_000), reader)
+    let (_, reader) = tokio::time::timeout(ms(30_000), reader)
         .await
         .unwrap()
         .unwrap();
-    reader.unwrap().release().await.unwrap();
+    reader.release().await.unwrap();
 }
 
 /// The last live reader's release is announced also while a crashed reader's expired share
@@ -916,13 +871,7 @@ async fn the_last_live_readers_release_is_announced_beside_an_expired_share() {
     let crashed = other.obtain(("doc", READ), ms(300), &once()).await.unwrap();
     let crashed_value = format!("22:{}", crashed.token());
     drop(crashed);
-    let writer = tokio::spawn({
-        let client = env.client.clone();
-        async move {
-            let lock = client.obtain("doc", ms(10_000), &slow_polling()).await;
-            (Instant::now(), lock.unwrap())
-        }
-    });
+    let writer = spawn_waiter(&env.client, "doc", WRITE, slow_polling());
     support::eventually(ms(10_000), "the crashed share expired", async || {
         let score: Option<f64> = env.cmd(&["ZSCORE", "doc", &crashed_value]).await;
         let time: Vec<String> = env.cmd(&["TIME"]).await;
@@ -932,12 +881,7 @@ async fn the_last_live_readers_release_is_announced_beside_an_expired_share() {
     .await;
     let released = Instant::now();
     staying.release().await.unwrap();
-    let (at, lock) = tokio::time::timeout(ms(30_000), writer)
-        .await
-        .unwrap()
-        .unwrap();
-    let waited = at.saturating_duration_since(released);
-    assert!(waited < WOKEN_WITHIN, "the writer slept {waited:?}");
+    let lock = woken(writer, released, "the writer").await;
     lock.release().await.unwrap();
 }
 
@@ -1051,26 +995,14 @@ async fn readers_between_attempt_and_sleep_still_hear_the_release() {
         .timeout(ms(120_000))
         .on_retry(|_| tokio::task::block_in_place(|| std::thread::sleep(ms(400))));
     let readers: Vec<_> = (0..2)
-        .map(|_| {
-            let (client, options) = (env.client.clone(), stalled.clone());
-            tokio::spawn(async move {
-                let lock = client.obtain(("doc", READ), ms(30_000), &options).await;
-                (Instant::now(), lock.unwrap())
-            })
-        })
+        .map(|_| spawn_waiter(&env.client, "doc", READ, stalled.clone()))
         .collect();
     // The readers' second attempts fail at about 400 ms; they stall until about 800 ms.
     tokio::time::sleep(ms(600)).await;
     let released = Instant::now();
     writer.release().await.unwrap();
     for reader in readers {
-        let (at, lock) = tokio::time::timeout(ms(90_000), reader)
-            .await
-            .unwrap()
-            .unwrap();
-        let waited = at.saturating_duration_since(released);
-        assert!(waited < WOKEN_WITHIN, "a reader slept {waited:?}");
-        drop(lock);
+        drop(woken(reader, released, "a reader").await);
     }
 }
 

@@ -358,28 +358,18 @@ async fn modes_over_a_quorum() {
     use lockset::Mode;
     let mut m = Masters::start(config()).await;
     let once = Options::default();
+    let keys = [
+        ("{q}:doc", Mode::Shared),
+        ("{q}:job", Mode::Permit { limit: 2 }),
+    ];
     let reader = m
         .redlock
-        .obtain_multi(
-            [
-                ("{q}:doc", Mode::Shared),
-                ("{q}:job", Mode::Permit { limit: 2 }),
-            ],
-            ms(30_000),
-            &once,
-        )
+        .obtain_multi(keys, ms(30_000), &once)
         .await
         .unwrap();
     let other = m
         .redlock
-        .obtain_multi(
-            [
-                ("{q}:doc", Mode::Shared),
-                ("{q}:job", Mode::Permit { limit: 2 }),
-            ],
-            ms(30_000),
-            &once,
-        )
+        .obtain_multi(keys, ms(30_000), &once)
         .await
         .unwrap();
     let err = m

@@ -56,20 +56,26 @@ struct Request {
     options_what: String,
 }
 
-/// Keys with their modes, for reports.
-fn describe(keys: &[String], modes: &[Mode]) -> String {
-    let parts: Vec<String> = keys
-        .iter()
-        .zip(modes)
-        .map(|(key, mode)| match mode {
-            Mode::Exclusive => key.clone(),
-            mode => format!("{key} ({mode})"),
-        })
-        .collect();
-    format!("[{}]", parts.join(", "))
-}
-
 impl Request {
+    /// The request for reports: `client <id> <action> [keys (modes)] ttl .., options`.
+    fn describe(&self, client: usize, action: &str) -> String {
+        let keys: Vec<String> = self
+            .keys
+            .iter()
+            .zip(&self.modes)
+            .map(|(key, mode)| match mode {
+                Mode::Exclusive => key.clone(),
+                mode => format!("{key} ({mode})"),
+            })
+            .collect();
+        format!(
+            "client {client} {action} [{}] ttl {:?}, {}",
+            keys.join(", "),
+            self.ttl,
+            self.options_what
+        )
+    }
+
     /// The keys paired with their modes, as obtain takes them.
     fn pairs(&self) -> Vec<(String, Mode)> {
         self.keys
@@ -147,13 +153,7 @@ where
         let counted = group.iter().find(|key| key.ends_with('0'));
         request.keys = vec![counted.expect("every group has a counted key").clone()];
         request.modes = vec![Mode::Permit { limit: 2 }];
-        request.what = format!(
-            "client {} obtain {} ttl {:?}, {}",
-            self.id,
-            describe(&request.keys, &request.modes),
-            request.ttl,
-            request.options_what
-        );
+        request.what = request.describe(self.id, "obtain");
         if let Some((lock, mut held)) = self.obtain(request, None).await {
             self.use_lock(&lock, &mut held).await;
             self.finish(lock, held).await;
@@ -186,13 +186,7 @@ where
                 "a shorter TTL"
             }
         };
-        inner.what = format!(
-            "client {} re-obtain by its token, {variant}: {} ttl {:?}, {}",
-            self.id,
-            describe(&inner.keys, &inner.modes),
-            inner.ttl,
-            inner.options_what
-        );
+        inner.what = inner.describe(self.id, &format!("re-obtain by its token, {variant}:"));
         let inner_what = inner.what.clone();
         let inner_outcome = match self.obtain(inner, None).await {
             Some((inner_lock, mut inner_held)) => {
@@ -464,20 +458,17 @@ where
         if self.rng.random_bool(0.2) {
             options = options.metadata(format!("client-{}", self.id));
         }
-        let what = format!(
-            "client {} obtain {} ttl {ttl:?}, {options_what}",
-            self.id,
-            describe(&keys, &modes)
-        );
-        Request {
+        let mut request = Request {
             keys,
             modes,
             ttl,
             options,
             limit,
-            what,
+            what: String::new(),
             options_what,
-        }
+        };
+        request.what = request.describe(self.id, "obtain");
+        request
     }
 
     /// 1 to 5 distinct keys of one group, in random order (the first names the fencing
