@@ -8,6 +8,10 @@
 --          below the server's clock in microseconds, see below)
 -- ARGV[5]  "1" when the caller waits for a held key: mark the holder's value with a leading
 --          "!" so that its release announces itself (see release.lua)
+-- ARGV[6]  for a fair waiter: its lease in milliseconds (else empty or absent). A fair
+--          waiter that finds a key held queues on every key (see queue.lua), or renews its
+--          lease; it may take a key reserved for it; once it has the lock it leaves the queues
+-- ARGV[7]  for a fair waiter: its id
 --
 -- Reply: {1, fence}     every key is ours, with the counter's new value (false without fencing)
 --        {0, pttl, i}  KEYS[i] is held by another owner, for pttl more ms (-1: no expiry)
@@ -29,6 +33,31 @@ local counter = nil
 if ARGV[4] == '1' then
   counter = KEYS[count]
   count = count - 1
+end
+local lease, id = ARGV[6], ARGV[7]
+local fair = lease ~= nil and lease ~= '' and queue_of(KEYS[1]) ~= nil
+local member = fair and record_of(KEYS, id)
+-- What a key reserved for this waiter holds (see queue.lua).
+local reserved = fair and ('?' .. id)
+
+-- The lock's keys, without the fencing counter.
+local function lock_keys()
+  if not counter then
+    return KEYS
+  end
+  local keys = {}
+  for i = 1, count do
+    keys[i] = KEYS[i]
+  end
+  return keys
+end
+
+-- Success: a fair waiter leaves the queues it was in.
+local function won(fence)
+  if fair and redis.call('EXISTS', member) == 1 then
+    dequeue(member, lock_keys())
+  end
+  return {1, fence}
 end
 
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
@@ -67,7 +96,7 @@ for first = 1, (all_free and count or 0), CHUNK do
 end
 
 if all_free and not counter then
-  return {1, false}
+  return won(false)
 end
 
 -- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
@@ -77,11 +106,14 @@ local function owned(current)
 end
 
 local mine = {}    -- {index, current value} of keys this owner already held
+local reclaimed = {}  -- indexes of keys reserved for this waiter, taken by this call
 local function undo()
   local m = 1
   for i = 1, created do
     if mine[m] and mine[m][1] == i then
       m = m + 1
+    elseif reclaimed[i] then
+      redis.call('SET', KEYS[i], reserved, 'PX', lease)
     else
       redis.call('DEL', KEYS[i])
     end
@@ -96,18 +128,47 @@ local function failed(err, key)
   return err
 end
 
--- Whether a value was written by this library: "<token length>:<token>..." with a token as
--- long as it says. Only those are ever marked.
-local function ours_to_mark(current)
-  local digits = string.match(current, '^(%d+):')
-  local len = tonumber(digits)
-  return len ~= nil and len > 0 and #current >= #digits + 1 + len
+-- A fair waiter blocked by KEYS[blocked]: queues on every key, or renews its lease (the
+-- record's expiry), keeping its place. (It reserves no free key: a key it cannot use yet
+-- goes to whoever comes; releases reserve keys for it, see release.lua.)
+local function queue_up(blocked)
+  local keys = lock_keys()
+  if redis.call('PEXPIRE', member, lease) == 1 then
+    redis.call('HSET', member, 'l', blocked)
+  else
+    redis.call('HSET', member, 'v', value, 't', ttl, 'i', id, 'n', count, 'l', blocked)
+    -- The keys, when more than one, in chunks (unpack() has a limit).
+    for first = 1, (count > 1 and count or 0), CHUNK do
+      local fields = {}
+      for j = first, math.min(first + CHUNK - 1, count) do
+        fields[#fields + 1] = j
+        fields[#fields + 1] = keys[j]
+      end
+      redis.call('HSET', member, unpack(fields))
+    end
+    redis.call('PEXPIRE', member, lease)
+  end
+  local now = redis.call('TIME')
+  local arrival = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  for j = 1, count do
+    local queue = queue_of(keys[j])
+    redis.call('ZADD', queue, 'NX', arrival, member)
+    -- A queue whose waiters all died goes with them.
+    redis.call('PEXPIRE', queue, 3 * lease)
+    -- A key reserved for this waiter lasts as long as its lease.
+    if count > 1 and redis.pcall('GET', keys[j]) == reserved then
+      redis.call('PEXPIRE', keys[j], lease)
+    end
+  end
 end
 
 local function held_by_another(i, current)
   undo()
   if mark_holder and ours_to_mark(current) then
     redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
+  end
+  if fair then
+    queue_up(i)
   end
   return {0, redis.call('PTTL', KEYS[i]), i}
 end
@@ -123,6 +184,9 @@ elseif redis7 then
         return failed(current, KEYS[i])
       elseif owned(current) then
         mine[#mine + 1] = {i, current}
+      elseif current == reserved then
+        redis.call('SET', KEYS[i], value, 'PX', ttl)
+        reclaimed[i] = true
       else
         return held_by_another(i, current)
       end
@@ -136,8 +200,9 @@ else
     local current = redis.pcall('GET', KEYS[i])
     if type(current) == 'table' then
       return failed(current, KEYS[i])
-    elseif not current then
+    elseif not current or current == reserved then
       free[#free + 1] = i
+      reclaimed[i] = current == reserved
     elseif owned(current) then
       mine[#mine + 1] = {i, current}
     else
@@ -192,4 +257,4 @@ for j = 1, #mine do
     redis.call('SET', KEYS[i], stored, 'KEEPTTL')
   end
 end
-return {1, fence}
+return won(fence)

@@ -21,7 +21,9 @@ use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::policy::{self, Held, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
-use crate::request::{Claim, Try, Ttl};
+use crate::fair::Fair;
+use crate::options::DEFAULT_WAITER_LEASE;
+use crate::request::{Claim, OwnedClaim, Try, Ttl};
 use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
@@ -431,6 +433,7 @@ where
             ttl,
             counter: None,
             modes: modes.as_ref(),
+            ticket: None,
         };
         let sent = Instant::now();
         let Some(left) = self.backend().pttl(&claim).await? else {
@@ -558,6 +561,7 @@ where
         if self.inner.cluster {
             crate::slots::check_one_slot(keys, counter.as_deref())?;
         }
+        let fair = self.fair(keys, custom.is_none() && modes.is_none(), options)?;
         let attempt = Attempt {
             client: self,
             keys,
@@ -566,14 +570,39 @@ where
             ttl,
             counter: counter.as_deref(),
             modes: modes.as_ref(),
+            fair: fair.as_ref(),
         };
         let deadline = options.deadline_from(start, ttl.duration);
-        let mut waiter = Waiter::for_keys(self.events(), keys, modes.as_ref());
+        let mut waiter = Waiter::for_keys(self.events(), keys, modes.as_ref(), fair.as_ref());
+        // Ending without the lock (an error, or cancelled) leaves the queues.
+        let leave = LeaveOnDrop {
+            client: self,
+            fair: fair.as_ref(),
+        };
         let won = policy::run(&options.retry, deadline, &mut waiter, watch, |how| {
             attempt.run(how)
         })
-        .await?;
-        Ok((won, modes))
+        .await;
+        if won.is_ok()
+            && let Some(fair) = &fair
+        {
+            fair.won();
+        }
+        drop(leave);
+        Ok((won?, modes))
+    }
+
+    /// The fair-waiting state of an obtain of `keys`, when it waits fairly (see
+    /// [`Options::fair`]): `plain` (a random token, every key exclusive), release events
+    /// to hear its hand-off, one server or a cluster, and a queue for every key.
+    fn fair(&self, keys: &[String], plain: bool, options: &Options) -> Result<Option<Fair>> {
+        let lease = Ttl::new(options.waiter_lease.unwrap_or(DEFAULT_WAITER_LEASE))?;
+        let fair = plain
+            && !options.barging
+            && !self.backend().is_quorum()
+            && !self.events().is_empty()
+            && keys.iter().all(|key| crate::slots::has_queue(key));
+        Ok(fair.then(|| Fair::new(lease)))
     }
 
     /// The fencing counter key, when `options` ask for fencing tokens.
@@ -618,6 +647,8 @@ struct Attempt<'a, C> {
     ttl: Ttl,
     counter: Option<&'a str>,
     modes: Option<&'a Modes>,
+    /// The obtain's place in the queues, when it waits fairly.
+    fair: Option<&'a Fair>,
 }
 
 /// A successful attempt.
@@ -643,9 +674,12 @@ where
     /// background: on the same connection, after the obtain. A custom token may already
     /// have held these keys before this call, so they are left to expire with the TTL.
     async fn run(&self, how: Try) -> Step<Won> {
-        let owner = match self.custom {
-            Some(owner) => Cow::Borrowed(owner),
-            None => Cow::Owned(Owner::random()),
+        // A fair obtain keeps its token while it queues (see `fair.rs`).
+        let stint = self.fair.map(Fair::stint);
+        let owner = match (self.custom, &stint) {
+            (Some(owner), _) => Cow::Borrowed(owner),
+            (None, Some(stint)) => Cow::Borrowed(&stint.owner),
+            (None, None) => Cow::Owned(Owner::random()),
         };
         let value = owner.value(self.metadata);
         let claim = Claim {
@@ -655,6 +689,7 @@ where
             ttl: self.ttl,
             counter: self.counter,
             modes: self.modes,
+            ticket: stint.as_ref().map(|stint| &stint.ticket),
         };
         let random = self.custom.is_none();
         let sent = Instant::now();
@@ -666,8 +701,13 @@ where
         // background, so that a server that does not answer delays nobody's deadline.
         if !matches!(&outcome, Err(Error::Redis(err)) if is_outcome_unknown(err)) {
             cleanup.attempt = None;
+        } else if let (Some(fair), Some(stint)) = (self.fair, &stint) {
+            fair.start_over(stint);
         }
         drop(cleanup);
+        if let (Some(fair), Ok(Obtain::Held { .. }), true) = (self.fair, &outcome, how.queue) {
+            fair.queued(&claim);
+        }
         match outcome {
             Ok(Obtain::Obtained { fence, .. }) => {
                 let ttl = self.ttl.duration;
@@ -713,22 +753,47 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn drop(&mut self) {
-        let Some((client, claim)) = self.attempt else {
-            return;
-        };
-        let (client, claim) = (client.clone(), claim.to_shared());
-        let tasks = client.tasks().clone();
-        // Sent on the same connection after the obtain, so it runs after it.
-        let spawned = tasks.spawn(async move {
-            if let Err(err) = client.backend().clean_up(&claim.claim()).await {
-                tracing::warn!(%err, "clean-up after an obtain that was cancelled or got no reply failed; the keys expire with their TTL");
-            }
-        });
-        if spawned.is_none() {
-            tracing::warn!(
-                "obtain cancelled outside a tokio runtime: its keys expire with their TTL"
-            );
+        if let Some((client, claim)) = self.attempt {
+            clean_up_later(client, claim.to_shared());
         }
+    }
+}
+
+/// Leaves the queues of a fair obtain that ends without the lock (see [`Fair::to_leave`]).
+struct LeaveOnDrop<'a, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    client: &'a Client<C>,
+    fair: Option<&'a Fair>,
+}
+
+impl<C> Drop for LeaveOnDrop<'_, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(claim) = self.fair.and_then(Fair::to_leave) {
+            clean_up_later(self.client, claim);
+        }
+    }
+}
+
+/// Releases `claim` by token in the background, leaving its queues too: sent on the same
+/// connection after the obtain's last attempt, so it runs after it.
+fn clean_up_later<C>(client: &Client<C>, claim: Arc<OwnedClaim>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let client = client.clone();
+    let tasks = client.tasks().clone();
+    let spawned = tasks.spawn(async move {
+        if let Err(err) = client.backend().clean_up(&claim.claim()).await {
+            tracing::warn!(%err, "clean-up after an obtain that was cancelled or got no reply failed; the keys expire with their TTL");
+        }
+    });
+    if spawned.is_none() {
+        tracing::warn!("obtain cancelled outside a tokio runtime: its keys expire with their TTL");
     }
 }
 

@@ -149,6 +149,8 @@ struct Channel {
     lapsed: bool,
     /// Payloads of this client's releases handed over locally, still to be announced.
     expected: Vec<(Box<[u8]>, Instant)>,
+    /// Fair waiters, by id: a release that hands one the lock tells it by name.
+    grants: HashMap<Box<[u8]>, Arc<Notify>>,
 }
 
 impl Channel {
@@ -328,9 +330,15 @@ impl Events {
         }
     }
 
-    /// Registers a waiter of `channel`, `sharing` its key (shared, or as a permit) or not.
-    /// It listens once [`Subscription::confirm`] says so.
-    pub(crate) fn subscribe(&self, channel: &str, sharing: bool) -> Subscription {
+    /// Registers a waiter of `channel`, `sharing` its key (shared, or as a permit) or not,
+    /// and for a fair waiter, the id by which a hand-off names it. It listens once
+    /// [`Subscription::confirm`] says so.
+    pub(crate) fn subscribe(
+        &self,
+        channel: &str,
+        sharing: bool,
+        grant: Option<&str>,
+    ) -> Subscription {
         let mut channels = lock(&self.inner.channels);
         let entry = channels
             .entry(channel.to_owned())
@@ -343,6 +351,7 @@ impl Events {
                 idle_since: None,
                 lapsed: false,
                 expected: Vec::new(),
+                grants: HashMap::new(),
             });
         entry.waiters += 1;
         entry.sharers += usize::from(sharing);
@@ -350,6 +359,12 @@ impl Events {
         if entry.waiters == 1 {
             self.inner.watched.fetch_add(1, Ordering::Relaxed);
         }
+        let grant = grant.map(|id| {
+            let notify = Arc::new(Notify::new());
+            let id: Box<[u8]> = id.as_bytes().into();
+            entry.grants.insert(id.clone(), notify.clone());
+            (id, notify)
+        });
         Subscription {
             events: self.clone(),
             channel: channel.to_owned(),
@@ -359,6 +374,7 @@ impl Events {
             sharing,
             seen: AtomicU64::new(entry.wakes.load(Ordering::Acquire)),
             wakes: entry.wakes.clone(),
+            grant,
         }
     }
 
@@ -380,7 +396,11 @@ impl Events {
     /// waits.
     pub(crate) fn hand_over(&self, channel: &str, payload: &str) -> bool {
         let mut channels = lock(&self.inner.channels);
-        let Some(entry) = channels.get_mut(channel).filter(|e| e.waiters > 0) else {
+        // Fair waiters are handed the lock by the release itself.
+        let Some(entry) = channels
+            .get_mut(channel)
+            .filter(|e| e.waiters > 0 && e.grants.is_empty())
+        else {
             return false;
         };
         entry
@@ -399,7 +419,7 @@ impl Events {
     pub(crate) fn wake_again(&self, channel: &str) {
         if let Some(entry) = lock(&self.inner.channels)
             .get(channel)
-            .filter(|e| e.waiters > 0)
+            .filter(|e| e.waiters > 0 && e.grants.is_empty())
         {
             entry.wake();
         }
@@ -601,6 +621,13 @@ impl Inner {
             if entry.waiters == 0 {
                 return;
             }
+            // A hand-off: it wakes the waiter it names, if it is one of ours.
+            if let Some(id) = payload.strip_prefix(b"g") {
+                if let Some(granted) = entry.grants.get(id) {
+                    granted.notify_one();
+                }
+                return;
+            }
             entry
                 .expected
                 .retain(|(_, since)| since.elapsed() < REMEMBER_FOR);
@@ -696,14 +723,25 @@ pub(crate) struct Subscription {
     /// last made an attempt.
     wakes: Arc<AtomicU64>,
     seen: AtomicU64,
+    /// A fair waiter's id, and what a hand-off to it wakes.
+    grant: Option<(Box<[u8]>, Arc<Notify>)>,
 }
 
 impl Subscription {
     /// Completes when a release was announced on this channel (one waiter per announcement),
-    /// or when a lost subscription may have missed one.
+    /// when a lost subscription may have missed one, or when a release handed this (fair)
+    /// waiter the lock.
     pub(crate) async fn released(&self) {
-        self.notify.notified().await;
-        self.woken.store(true, Ordering::Relaxed);
+        let granted = async {
+            match &self.grant {
+                Some((_, granted)) => granted.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = self.notify.notified() => self.woken.store(true, Ordering::Relaxed),
+            () = granted => {}
+        }
     }
 
     /// The waiter is about to make an attempt: wake-ups until now are for releases it sees.
@@ -804,6 +842,9 @@ impl Drop for Subscription {
         };
         entry.waiters -= 1;
         entry.sharers -= usize::from(self.sharing);
+        if let Some((id, _)) = &self.grant {
+            entry.grants.remove(id);
+        }
         if entry.waiters == 0 {
             entry.idle_since = Some(Instant::now());
             entry.expected.clear();
@@ -892,7 +933,7 @@ fn is_unknown_command(err: &RedisError) -> bool {
 }
 
 /// Locks a mutex; a panic elsewhere while holding it leaves the map consistent enough.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -79,6 +79,7 @@ mod backend;
 mod client;
 mod error;
 mod events;
+mod fair;
 mod fencing;
 mod guard;
 mod key;

@@ -237,6 +237,7 @@ where
             ttl,
             counter: None,
             modes: self.modes.as_ref(),
+            ticket: None,
         }
     }
 

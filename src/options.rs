@@ -40,8 +40,14 @@ pub struct Options {
     pub(crate) fencing: Option<Fencing>,
     pub(crate) watchdog_interval: Option<Duration>,
     pub(crate) on_retry: Option<OnRetry>,
+    /// Waiters take the lock as it comes free, past any queue (`fair(false)`).
+    pub(crate) barging: bool,
+    pub(crate) waiter_lease: Option<Duration>,
     limit: Option<Limit>,
 }
+
+/// How long a fair waiter's place in a queue lasts without renewal, by default.
+pub(crate) const DEFAULT_WAITER_LEASE: Duration = Duration::from_secs(2);
 
 impl Options {
     /// The retry strategy. Defaults to [`Retry::NoRetry`].
@@ -139,6 +145,42 @@ impl Options {
         self
     }
 
+    /// Whether a waiting obtain queues for the lock (`true`, the default) or takes it as it
+    /// comes free, racing every other waiter (`false`, "barging").
+    ///
+    /// A fair waiter that finds a key held takes a place in the key's queue in Redis, first
+    /// come first served across every client and process. A release hands the lock straight
+    /// to the first waiter in the queue, in the same atomic step, and tells that waiter
+    /// alone; nobody races for it. A waiter for several keys queues on each, and gets them
+    /// all at once, never some. The waiter keeps its place by renewing a lease (see
+    /// [`Options::waiter_lease`]) for as long as it waits.
+    ///
+    /// Fair waiting needs release events (a client from [`Client::connect`] or
+    /// [`Client::connect_cluster`]), a random token, keys that are all exclusive, and a
+    /// single server or a cluster; otherwise waiters barge as with `fair(false)`. A Redlock
+    /// quorum always barges: a queue per master could hand the lock to different waiters on
+    /// different masters. Barging gives the most throughput to waiters of one client, and
+    /// none of the order.
+    ///
+    /// [`Client::connect`]: crate::Client::connect
+    /// [`Client::connect_cluster`]: crate::Client::connect_cluster
+    #[must_use]
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.barging = !fair;
+        self
+    }
+
+    /// How long a fair waiter's place in a queue lasts unless renewed: a waiter that
+    /// crashed, or was cut off from Redis, stops holding up the queue within this time.
+    /// The waiter renews it every third of it while it waits; a lock handed to a waiter is
+    /// held for no longer than the waiter's lease had left until the waiter confirms it.
+    /// Defaults to 2 seconds; rounded up to whole milliseconds.
+    #[must_use]
+    pub fn waiter_lease(mut self, lease: Duration) -> Self {
+        self.waiter_lease = Some(lease);
+        self
+    }
+
     /// When a call that started at `start` must stop retrying; `None` when that lies
     /// beyond what `Instant` can represent.
     pub(crate) fn deadline_from(&self, start: Instant, ttl: Duration) -> Option<Instant> {
@@ -159,6 +201,8 @@ impl fmt::Debug for Options {
             .field("fencing", &self.fencing)
             .field("watchdog_interval", &self.watchdog_interval)
             .field("on_retry", &self.on_retry)
+            .field("fair", &!self.barging)
+            .field("waiter_lease", &self.waiter_lease)
             .field("limit", &self.limit)
             .finish()
     }

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::events::{Events, Subscription};
+use crate::fair::Fair;
 use crate::mode::{Mode, Modes};
 use crate::observe::{Blocked, OnRetry, RetryEvent, retrying};
 use crate::request::Try;
@@ -62,27 +63,49 @@ pub(crate) struct Waiter<'a> {
     modes: Option<&'a Modes>,
     /// Subscriptions to the held key's channel, one per server.
     listening: Vec<Subscription>,
+    /// The obtain's place in the key queues, when it waits fairly.
+    fair: Option<&'a Fair>,
+    /// An attempt queued: every attempt from now on queues, or renews the place.
+    queued: bool,
 }
 
 impl<'a> Waiter<'a> {
     /// A waiter that only sleeps.
     pub(crate) fn sleeping() -> Self {
-        Self::for_keys(&[], &[], None)
+        Self::for_keys(&[], &[], None, None)
     }
 
     /// A waiter for an obtain of `keys` (in `modes`), woken by the release events of
-    /// `events`.
+    /// `events`; queued for the keys when `fair`.
     pub(crate) fn for_keys(
         events: &'a [Events],
         keys: &'a [String],
         modes: Option<&'a Modes>,
+        fair: Option<&'a Fair>,
     ) -> Self {
         Self {
             events,
             keys,
             modes,
             listening: Vec::new(),
+            fair,
+            queued: false,
         }
+    }
+
+    /// Whether the next attempt queues (or renews its place): a fair waiter that listens
+    /// for its hand-off, or queued already.
+    fn queueing(&self) -> bool {
+        self.fair.is_some() && (self.queued || self.marking())
+    }
+
+    /// When a queued waiter that listens wakes at the latest, from `now`: to renew its lease,
+    /// or when the holder's lock runs out (expiry hands nothing on).
+    fn queued_until(&self, now: Instant, held: Option<Held>) -> Option<Instant> {
+        let fair = self.fair.filter(|_| self.queued && self.listening())?;
+        let renew = now.checked_add(fair.lease() / 3);
+        let expiry = held.and_then(|h| h.ttl).and_then(|ttl| now.checked_add(ttl));
+        earliest(renew, expiry)
     }
 
     /// Whether this waiter would share `keys[key]` (shared, or as a permit).
@@ -95,9 +118,10 @@ impl<'a> Waiter<'a> {
     /// Subscribes to `channel`, the release channel of `keys[key]`, on every server.
     fn subscribe(&self, channel: &str, key: usize) -> Vec<Subscription> {
         let sharing = self.sharing(key);
+        let grant = self.fair.map(Fair::id);
         self.events
             .iter()
-            .map(|events| events.subscribe(channel, sharing))
+            .map(|events| events.subscribe(channel, sharing, grant.as_deref()))
             .collect()
     }
 
@@ -249,6 +273,7 @@ where
             // Nothing but the holder's expiry can wake a waiter that cannot listen.
             holder_ttl: waiter.events.is_empty(),
             retries: backoff.peek().is_some(),
+            queue: waiter.queueing(),
         };
         watch.attempts += 1;
         waiter.attempting();
@@ -263,14 +288,24 @@ where
             }
             Step::Stop(err) => return Err(err),
             Step::Again(err) => (err, None),
-            Step::Held(held) => (Error::NotObtained, Some(held)),
+            Step::Held(held) => {
+                waiter.queued |= how.queue;
+                (Error::NotObtained, Some(held))
+            }
         };
-        let Some(delay) = backoff.next() else {
+        let Some(mut delay) = backoff.next() else {
             return Err(failure);
         };
         let now = Instant::now();
         if deadline.is_some_and(|deadline| now >= deadline) {
             return Err(at_deadline(failure));
+        }
+        // A queued waiter is handed the lock and told so: it does not poll, but sleeps
+        // until its lease needs renewing or the holder's lock runs out, as long as its
+        // strategy's delays last (they measure time waited, not attempts).
+        if let Some(until) = waiter.queued_until(now, held) {
+            let want = until.saturating_duration_since(now);
+            delay = draw(&mut backoff, delay, want).min(want);
         }
         let mut wake = now.checked_add(delay);
         // Expiry publishes nothing: retry when the holder's lock runs out at the latest.
@@ -390,6 +425,21 @@ fn cut_at_deadline() -> RedisError {
         std::io::ErrorKind::TimedOut,
         "the obtain's deadline passed before Redis answered",
     ))
+}
+
+/// Draws delays from `backoff` after `first` until they add up to `want`, or it runs out:
+/// how long a queued waiter may sleep. A zero delay (a strategy that never waits) covers
+/// any time.
+fn draw(backoff: &mut impl Iterator<Item = Duration>, first: Duration, want: Duration) -> Duration {
+    let mut total = first;
+    while total < want {
+        match backoff.next() {
+            Some(delay) if !delay.is_zero() => total += delay,
+            Some(_) => return want,
+            None => break,
+        }
+    }
+    total
 }
 
 /// The earlier of two optional instants (`None`: never).

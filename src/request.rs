@@ -37,6 +37,16 @@ pub(crate) struct Claim<'a> {
     /// Each key's mode, for a lock that holds some key shared or as a permit; `None` for a
     /// plain lock (every key exclusive).
     pub(crate) modes: Option<&'a Modes>,
+    /// A fair waiter's place in the keys' queues.
+    pub(crate) ticket: Option<&'a Ticket>,
+}
+
+/// A fair waiter's place in the queues of its keys (see `lua/queue.lua`): its id, unique to
+/// one run of attempts with one token, and the lease it renews while it waits.
+#[derive(Clone, Debug)]
+pub(crate) struct Ticket {
+    pub(crate) id: String,
+    pub(crate) lease: Ttl,
 }
 
 impl Claim<'_> {
@@ -49,6 +59,7 @@ impl Claim<'_> {
             ttl: self.ttl,
             counter: self.counter.map(str::to_owned),
             modes: self.modes.cloned(),
+            ticket: self.ticket.cloned(),
         })
     }
 }
@@ -62,6 +73,7 @@ pub(crate) struct OwnedClaim {
     ttl: Ttl,
     counter: Option<String>,
     modes: Option<Modes>,
+    ticket: Option<Ticket>,
 }
 
 impl OwnedClaim {
@@ -73,6 +85,7 @@ impl OwnedClaim {
             ttl: self.ttl,
             counter: self.counter.as_deref(),
             modes: self.modes.as_ref(),
+            ticket: self.ticket.as_ref(),
         }
     }
 }
@@ -88,4 +101,7 @@ pub(crate) struct Try {
     /// The caller tries again if the lock is held: an exclusive obtain blocked by shared or
     /// permit holders then keeps new ones out until it tries again (writers first).
     pub(crate) retries: bool,
+    /// Queue for the lock (or renew the place in its queues) if it is held: a fair waiter
+    /// that listens for its hand-off. Needs the claim's ticket.
+    pub(crate) queue: bool,
 }

@@ -18,9 +18,14 @@ impl Lua {
     }
 }
 
-/// Locks every key or none; re-entrant by owner tag.
-pub(crate) static OBTAIN: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../lua/obtain.lua")));
+/// Locks every key or none; re-entrant by owner tag; queues a fair waiter. (`queue.lua`,
+/// the waiter queues, goes in front of the two scripts that use it.)
+pub(crate) static OBTAIN: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../lua/queue.lua"),
+        include_str!("../lua/obtain.lua")
+    ))
+});
 
 /// The smallest remaining TTL of a held lock.
 pub(crate) static PTTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/pttl.lua")));
@@ -29,9 +34,14 @@ pub(crate) static PTTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("
 pub(crate) static REFRESH: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../lua/refresh.lua")));
 
-/// Deletes every key of a held lock.
-pub(crate) static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../lua/release.lua")));
+/// Deletes every key of a held lock, handing each to its queue's first waiter; a fair
+/// waiter that gives up leaves its queues through it too.
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../lua/queue.lua"),
+        include_str!("../lua/release.lua")
+    ))
+});
 
 /// Every operation on a lock that holds some key shared or as a permit.
 pub(crate) static MODES: LazyLock<Lua> =

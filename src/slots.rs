@@ -26,12 +26,23 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
 /// assert_eq!(fencing_key_for("odd}key"), None);
 /// ```
 pub fn fencing_key_for(key: &str) -> Option<String> {
+    derived(key, ":fence")
+}
+
+/// Whether `key` has a waiter queue (fair waiting): a name derived from it in its slot, as
+/// `lua/queue.lua` derives it (`key:lockset:queue` or `{key}:lockset:queue`).
+pub(crate) fn has_queue(key: &str) -> bool {
+    hash_tag(key).is_some() || !key.contains('}')
+}
+
+/// `key` followed by `suffix`, in `key`'s slot: see [`fencing_key_for`].
+fn derived(key: &str, suffix: &str) -> Option<String> {
     if hash_tag(key).is_some() {
-        Some(format!("{key}:fence"))
+        Some(format!("{key}{suffix}"))
     } else if key.contains('}') {
         None
     } else {
-        Some(format!("{{{key}}}:fence"))
+        Some(format!("{{{key}}}{suffix}"))
     }
 }
 

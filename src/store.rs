@@ -11,7 +11,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
 use crate::mode::{Mode, Modes};
-use crate::request::{Claim, Try};
+use crate::request::{Claim, Ticket, Try};
 use crate::scripts::{self, Lua};
 
 /// What one obtain attempt found.
@@ -112,7 +112,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     }
 
     async fn obtain_plain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
-        if claim.counter.is_none()
+        // A fair waiter goes by script: it queues, or takes what was handed or reserved to it.
+        let queue = claim.ticket.filter(|_| how.queue);
+        if queue.is_none()
+            && claim.counter.is_none()
             && let [key] = claim.keys
             && self.set_nx_get.load(Ordering::Relaxed)
             && let Some(outcome) = self.obtain_one(key, claim).await?
@@ -128,7 +131,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 outcome => return Ok(outcome),
             }
         }
-        self.obtain_by_script(claim, how.mark_holder).await
+        self.obtain_by_script(claim, how.mark_holder || queue.is_some(), queue)
+            .await
     }
 
     /// Tries once to lock every key of `claim` in its mode, by `modes.lua`.
@@ -196,7 +200,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         }
     }
 
-    async fn obtain_by_script(&self, claim: &Claim<'_>, mark_holder: bool) -> Result<Obtain> {
+    async fn obtain_by_script(
+        &self,
+        claim: &Claim<'_>,
+        mark_holder: bool,
+        queue: Option<&Ticket>,
+    ) -> Result<Obtain> {
         // The fencing counter, if any, goes last in KEYS, flagged by ARGV[4].
         let args = (
             claim.owner.tag(),
@@ -204,6 +213,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             claim.ttl.millis,
             u8::from(claim.counter.is_some()),
             u8::from(mark_holder),
+            queue.map(|ticket| (ticket.lease.millis, ticket.id.as_str())),
         );
         let reply = self
             .invoke(&scripts::OBTAIN, claim.keys, claim.counter, args)
@@ -274,6 +284,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     ) -> Result<Holding<()>> {
         let announce = if payload.is_some() { self.announce } else { "" };
         let payload = payload.unwrap_or("");
+        // A fair waiter that gives up leaves its queues by the same script.
+        let leaving = claim.ticket.map_or("", |ticket| ticket.id.as_str());
         let done: i64 = match claim.modes {
             Some(modes) => {
                 let args = mode_args("release", modes, claim, (announce, payload));
@@ -281,7 +293,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                     .await?
             }
             None => {
-                let args = (claim.owner.tag(), claim.value, announce, payload);
+                let args = (
+                    claim.owner.tag(),
+                    claim.value,
+                    announce,
+                    payload,
+                    leaving,
+                    self.announce,
+                );
                 self.send(&scripts::RELEASE, claim.keys, None, args, sending)
                     .await?
             }

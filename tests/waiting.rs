@@ -130,7 +130,11 @@ async fn a_local_hand_over_whose_release_met_noscript_still_wakes_the_waiter() {
     // Only the release script is missing: the waiter's attempts run without delay.
     let _: String = env.cmd(&["SCRIPT", "FLUSH"]).await;
     let _: String = env
-        .cmd(&["SCRIPT", "LOAD", include_str!("../lua/obtain.lua")])
+        .cmd(&[
+            "SCRIPT",
+            "LOAD",
+            concat!(include_str!("../lua/queue.lua"), include_str!("../lua/obtain.lua")),
+        ])
         .await;
     held.release().await.unwrap();
     let noscript: String = env.cmd(&["INFO", "errorstats"]).await;

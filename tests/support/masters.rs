@@ -62,10 +62,16 @@ impl Masters {
     /// trip (which a test with short node limits on a loaded machine may not afford).
     pub async fn load_scripts(&self) {
         let scripts = [
-            include_str!("../../lua/obtain.lua"),
+            concat!(
+                include_str!("../../lua/queue.lua"),
+                include_str!("../../lua/obtain.lua")
+            ),
             include_str!("../../lua/pttl.lua"),
             include_str!("../../lua/refresh.lua"),
-            include_str!("../../lua/release.lua"),
+            concat!(
+                include_str!("../../lua/queue.lua"),
+                include_str!("../../lua/release.lua")
+            ),
         ];
         for i in 0..self.servers.len() {
             for script in scripts {

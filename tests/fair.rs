@@ -1,0 +1,326 @@
+//! Fair waiting: waiters queue in Redis, first come first served across clients, and a
+//! release hands the lock straight to the first of them. Every waiter here polls so slowly
+//! (15 s) that only a hand-off, or a bound of the queue itself, can get it the lock within
+//! the limits checked.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lockset::redis::aio::ConnectionManager;
+use lockset::{Client, Lock, Options, Retry};
+use support::proxy::Proxy;
+use support::{Env, Exclusion, eventually, ms};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout};
+
+/// Polling alone would wait 15 s between attempts.
+fn slow_polling() -> Options {
+    Options::default()
+        .retry(Retry::linear(Duration::from_secs(15)))
+        .timeout(Duration::from_secs(120))
+}
+
+/// How soon a hand-off must reach its waiter: far beyond the event path (about a
+/// millisecond), far below the polling interval.
+const HANDED_WITHIN: Duration = Duration::from_millis(2_000);
+
+/// Spawns an obtain of `key` for 60 s on `client`.
+fn wait_for(
+    client: &Client<ConnectionManager>,
+    key: &'static str,
+    options: Options,
+) -> JoinHandle<Result<Lock<ConnectionManager>, lockset::Error>> {
+    let client = client.clone();
+    tokio::spawn(async move { client.obtain(key, ms(60_000), &options).await })
+}
+
+/// How many waiters are in `key`'s queue.
+async fn queued(env: &Env, key: &str) -> i64 {
+    let queue = format!("{{{key}}}:lockset:queue");
+    env.cmd(&["ZCARD", &queue]).await
+}
+
+/// Waits until `n` waiters are in `key`'s queue.
+async fn queued_up_to(env: &Env, key: &str, n: i64) {
+    eventually(ms(10_000), &format!("{n} waiters queued"), async || {
+        queued(env, key).await == n
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn waiters_in_eight_clients_get_the_lock_in_arrival_order() {
+    let env = Env::start().await;
+    let held = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let client = env.other_client().await;
+        let order = order.clone();
+        waiters.push(tokio::spawn(async move {
+            let lock = client.obtain("job", ms(60_000), &slow_polling()).await?;
+            order.lock().unwrap().push(i);
+            lock.release().await
+        }));
+        // Arrival order: each waiter is in the queue before the next one starts.
+        queued_up_to(&env, "job", i + 1).await;
+    }
+    let released = Instant::now();
+    held.release().await.unwrap();
+    for waiter in waiters {
+        timeout(HANDED_WITHIN * 4, waiter)
+            .await
+            .expect("every waiter had its turn")
+            .unwrap()
+            .unwrap();
+    }
+    assert!(released.elapsed() < HANDED_WITHIN * 4);
+    assert_eq!(*order.lock().unwrap(), (0..8).collect::<Vec<_>>());
+    // Nothing is left behind: no queue, no waiter record.
+    assert_eq!(env.dbsize().await, 0);
+}
+
+#[tokio::test]
+async fn a_release_hands_the_lock_to_the_waiter_without_a_race() {
+    let env = Env::start().await;
+    let held = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let other = env.other_client().await;
+    let waiter = wait_for(&other, "job", slow_polling().metadata("next"));
+    queued_up_to(&env, "job", 1).await;
+    let sets = env.calls("set").await;
+    held.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, waiter)
+        .await
+        .expect("handed over")
+        .unwrap()
+        .unwrap();
+    assert_eq!(lock.metadata(), "next");
+    // The lock went from one holder to the next in the release: the key never was free.
+    let value = env.get("job").await.unwrap();
+    assert!(value.ends_with("next"), "{value}");
+    // One SET by the release's hand-off, and the waiter's confirmation: no SET NX race.
+    assert!(env.calls("set").await - sets <= 3);
+    // Its validity counts from its confirmation: the full TTL, not less.
+    assert!(lock.valid_until() > Instant::now() + ms(50_000));
+    lock.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0);
+}
+
+#[tokio::test]
+async fn a_cancelled_obtain_leaves_no_queue_entry() {
+    let env = Env::start().await;
+    let held = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let other = env.other_client().await;
+    let waiter = wait_for(&other, "job", slow_polling());
+    queued_up_to(&env, "job", 1).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    other.background_idle().await;
+    assert_eq!(queued(&env, "job").await, 0);
+    // Only the holder's key is left.
+    assert_eq!(env.dbsize().await, 1);
+    held.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0);
+}
+
+#[tokio::test]
+async fn a_waiter_whose_deadline_passes_leaves_the_queue_at_once() {
+    let env = Env::start().await;
+    let held = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let (first, second) = (env.other_client().await, env.other_client().await);
+    let impatient = wait_for(&first, "job", slow_polling().timeout(ms(1_000)));
+    queued_up_to(&env, "job", 1).await;
+    let patient = wait_for(&second, "job", slow_polling());
+    queued_up_to(&env, "job", 2).await;
+    let err = impatient.await.unwrap().unwrap_err();
+    assert!(err.is_not_obtained(), "{err}");
+    first.background_idle().await;
+    assert_eq!(queued(&env, "job").await, 1);
+    held.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, patient)
+        .await
+        .expect("the patient waiter is next")
+        .unwrap()
+        .unwrap();
+    lock.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_killed_mid_wait_stops_blocking_within_its_lease() {
+    let env = Env::start().await;
+    let lease = ms(1_000);
+    let held = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    // The doomed waiter reaches the server through a proxy, which then goes silent: its
+    // process is gone, and so is any clean-up it would send.
+    let proxy = Proxy::start(env.server.port()).await;
+    let doomed = Client::connect(&proxy.url()).await.unwrap();
+    let dying = wait_for(&doomed, "job", slow_polling().waiter_lease(lease));
+    queued_up_to(&env, "job", 1).await;
+    let other = env.other_client().await;
+    let survivor = wait_for(&other, "job", slow_polling().waiter_lease(lease));
+    queued_up_to(&env, "job", 2).await;
+    proxy.stall(true);
+    dying.abort();
+    drop(doomed);
+    // The release hands the lock to the dead waiter while its lease lasts; it holds it no
+    // longer than that lease, then the survivor gets it.
+    held.release().await.unwrap();
+    let released = Instant::now();
+    let lock = timeout(lease * 3 + HANDED_WITHIN, survivor)
+        .await
+        .expect("the survivor got the lock within the dead waiter's lease")
+        .unwrap()
+        .unwrap();
+    assert!(released.elapsed() < lease * 3 + HANDED_WITHIN);
+    lock.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hand_off_to_a_waiter_that_gives_up_is_passed_on() {
+    let env = Env::start().await;
+    let held = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    // The first waiter's commands go through a proxy that stalls after it queued: it hears
+    // its hand-off (events go direct), but its confirmation hangs until its deadline.
+    let proxy = Proxy::start(env.server.port()).await;
+    let commands = lockset::redis::Client::open(proxy.url()).unwrap();
+    let conn = ConnectionManager::new(commands).await.unwrap();
+    let events = lockset::redis::Client::open(env.server.url()).unwrap();
+    let stalled = Client::new(conn).with_release_events(events).unwrap();
+    let first = wait_for(&stalled, "job", slow_polling().timeout(ms(1_500)));
+    queued_up_to(&env, "job", 1).await;
+    let other = env.other_client().await;
+    let second = wait_for(&other, "job", slow_polling());
+    queued_up_to(&env, "job", 2).await;
+    proxy.stall(true);
+    held.release().await.unwrap();
+    let err = first.await.unwrap().unwrap_err();
+    assert!(
+        err.is_not_obtained() || matches!(err, lockset::Error::UnknownOutcome(_)),
+        "{err}"
+    );
+    // Its clean-up, once it gets through, releases what it was handed, to the next waiter.
+    proxy.stall(false);
+    let resumed = Instant::now();
+    let lock = timeout(HANDED_WITHIN * 2, second)
+        .await
+        .expect("passed on")
+        .unwrap()
+        .unwrap();
+    assert!(resumed.elapsed() < HANDED_WITHIN * 2);
+    lock.release().await.unwrap();
+    stalled.background_idle().await;
+    assert_eq!(env.dbsize().await, 0);
+}
+
+#[tokio::test]
+async fn a_waiter_for_two_keys_does_not_hold_up_a_waiter_for_one_of_them() {
+    let env = Env::start().await;
+    let held = env
+        .client
+        .obtain("b", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let other = env.other_client().await;
+    let both = tokio::spawn({
+        let other = other.clone();
+        async move { other.obtain_multi(["a", "b"], ms(60_000), &slow_polling()).await }
+    });
+    queued_up_to(&env, "b", 1).await;
+    // "a" is free: a waiter for it alone goes in at once, queue or not.
+    let third = env.other_client().await;
+    let a = timeout(HANDED_WITHIN, third.obtain("a", ms(60_000), &slow_polling()))
+        .await
+        .expect("not held up")
+        .unwrap();
+    // Released, "b" goes to the waiter for both, reserved, since "a" is now held: it holds
+    // neither (never some of its keys), and nobody else takes "b" meanwhile.
+    held.release().await.unwrap();
+    let reserved = env.get("b").await.unwrap();
+    assert!(reserved.starts_with('?'), "{reserved}");
+    let late = Options::default().timeout(ms(200)).retry(Retry::linear(ms(20)));
+    let err = env.client.obtain("b", ms(60_000), &late).await.unwrap_err();
+    assert!(err.is_not_obtained(), "{err}");
+    // The release of "a" hands both keys on at once.
+    a.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, both)
+        .await
+        .expect("both keys at once")
+        .unwrap()
+        .unwrap();
+    // Both hold its value (maybe behind a waiter's mark).
+    let (a, b) = (env.get("a").await.unwrap(), env.get("b").await.unwrap());
+    assert_eq!(a.trim_start_matches('!'), b.trim_start_matches('!'));
+    assert!(lock.ttl().await.unwrap().is_some());
+    lock.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0);
+}
+
+#[tokio::test]
+async fn waiters_with_overlapping_key_sets_all_make_progress() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let env = Env::start().await;
+    let keys = ["{o}:a", "{o}:b", "{o}:c", "{o}:d"];
+    let exclusion: Arc<Vec<(Exclusion, AtomicU64)>> =
+        Arc::new(keys.iter().map(|_| Default::default()).collect());
+    let mut tasks = Vec::new();
+    for t in 0..8usize {
+        let client = env.other_client().await;
+        let exclusion = exclusion.clone();
+        tasks.push(tokio::spawn(async move {
+            for round in 0..15usize {
+                // Overlapping pairs and triples, picked differently by each task and round.
+                let picked: std::collections::BTreeSet<usize> = (0..2 + (t + round) % 2)
+                    .map(|j| (t + j * (1 + round % 3)) % keys.len())
+                    .collect();
+                let names: Vec<&str> = picked.iter().map(|&i| keys[i]).collect();
+                let lock = client
+                    .obtain_multi(&names, ms(30_000), &slow_polling())
+                    .await
+                    .unwrap();
+                for &i in &picked {
+                    exclusion[i].0.critical_section().await;
+                    exclusion[i].1.fetch_add(1, Ordering::SeqCst);
+                }
+                lock.release().await.unwrap();
+            }
+        }));
+    }
+    timeout(Duration::from_secs(60), async {
+        for task in tasks {
+            task.await.unwrap();
+        }
+    })
+    .await
+    .expect("no deadlock, no starvation");
+    for (exclusion, sections) in exclusion.iter() {
+        exclusion.assert_exclusive(sections.load(Ordering::SeqCst));
+    }
+    assert_eq!(env.dbsize().await, 0);
+}
