@@ -14,7 +14,8 @@
 -- ARGV[7]  for a fair waiter: its id
 --
 -- Reply: {1, fence}     every key is ours, with the counter's new value (false without fencing)
---        {0, pttl, i}  KEYS[i] is held by another owner, for pttl more ms (-1: no expiry)
+--        {0, pttl, i}  KEYS[i] is held by another owner, for pttl more ms (-1: no expiry);
+--                      {0, pttl, i, 1} when the waiter queued
 --        {2, key}      key holds a value of the wrong type
 --        an error      any other error (a counter that is not an integer or not positive, OOM)
 -- Whenever the reply is not {1, ...}, nothing was changed (but for the waiter's mark, which
@@ -169,6 +170,7 @@ local function held_by_another(i, current)
   end
   if fair then
     queue_up(i)
+    return {0, redis.call('PTTL', KEYS[i]), i, 1}
   end
   return {0, redis.call('PTTL', KEYS[i]), i}
 end

@@ -14,15 +14,15 @@ use tracing::Instrument as _;
 use crate::backend::Backend;
 use crate::error::{Error, InvalidInput, Result, is_outcome_unknown};
 use crate::events::Events;
+use crate::fair::Fair;
 use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
 use crate::mode::{self, Mode, Modes};
 use crate::observe::{finished, op_span};
+use crate::options::DEFAULT_WAITER_LEASE;
 use crate::options::Options;
 use crate::policy::{self, Held, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
-use crate::fair::Fair;
-use crate::options::DEFAULT_WAITER_LEASE;
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
 use crate::shared::Shared;
 use crate::signal::LostSignal;
@@ -705,7 +705,7 @@ where
             fair.start_over(stint);
         }
         drop(cleanup);
-        if let (Some(fair), Ok(Obtain::Held { .. }), true) = (self.fair, &outcome, how.queue) {
+        if let (Some(fair), Ok(Obtain::Held { queued: true, .. })) = (self.fair, &outcome) {
             fair.queued(&claim);
         }
         match outcome {
@@ -721,7 +721,7 @@ where
                     stragglers,
                 })
             }
-            Ok(Obtain::Held { ttl, key }) => Step::Held(Held { ttl, key }),
+            Ok(Obtain::Held { ttl, key, queued }) => Step::Held(Held { ttl, key, queued }),
             Err(Error::Redis(err)) if is_outcome_unknown(&err) => {
                 Step::from_error(Error::UnknownOutcome(err))
             }

@@ -37,6 +37,8 @@ pub(crate) struct Held {
     pub(crate) ttl: Option<Duration>,
     /// Which of the requested keys is held.
     pub(crate) key: usize,
+    /// The attempt has a place in the keys' queues (fair waiting).
+    pub(crate) queued: bool,
 }
 
 impl<T> Step<T> {
@@ -104,7 +106,9 @@ impl<'a> Waiter<'a> {
     fn queued_until(&self, now: Instant, held: Option<Held>) -> Option<Instant> {
         let fair = self.fair.filter(|_| self.queued && self.listening())?;
         let renew = now.checked_add(fair.lease() / 3);
-        let expiry = held.and_then(|h| h.ttl).and_then(|ttl| now.checked_add(ttl));
+        let expiry = held
+            .and_then(|h| h.ttl)
+            .and_then(|ttl| now.checked_add(ttl));
         earliest(renew, expiry)
     }
 
@@ -289,7 +293,7 @@ where
             Step::Stop(err) => return Err(err),
             Step::Again(err) => (err, None),
             Step::Held(held) => {
-                waiter.queued |= how.queue;
+                waiter.queued |= held.queued;
                 (Error::NotObtained, Some(held))
             }
         };

@@ -269,7 +269,11 @@ where
         let stragglers = decide(success);
         let outcome = verdict.map(|obtained| match obtained {
             true => Obtain::Obtained { fence: None },
-            false => Obtain::Held { ttl: None, key: 0 },
+            false => Obtain::Held {
+                ttl: None,
+                key: 0,
+                queued: false,
+            },
         });
         if success {
             (outcome, stragglers)

@@ -21,7 +21,12 @@ pub(crate) enum Obtain {
     Obtained { fence: Option<u64> },
     /// Another owner holds `keys[key]`; its remaining TTL when known (`None`: unknown or
     /// no expiry).
-    Held { ttl: Option<Duration>, key: usize },
+    Held {
+        ttl: Option<Duration>,
+        key: usize,
+        /// This (fair) attempt has a place in the keys' queues.
+        queued: bool,
+    },
 }
 
 /// What an operation on a held lock found: every key ours (and the operation done), or not.
@@ -126,6 +131,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                     return Ok(Obtain::Held {
                         ttl: self.key_ttl(key).await?,
                         key: 0,
+                        queued: false,
                     });
                 }
                 outcome => return Ok(outcome),
@@ -187,7 +193,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Ok(None) => Ok(Some(Obtain::Obtained { fence: None })),
             // Held by ourselves: re-obtain by script, which also keeps the longer TTL.
             Ok(Some(holder)) if claim.owner.owns(&holder) => Ok(None),
-            Ok(Some(_)) => Ok(Some(Obtain::Held { ttl: None, key: 0 })),
+            Ok(Some(_)) => Ok(Some(Obtain::Held {
+                ttl: None,
+                key: 0,
+                queued: false,
+            })),
             Err(err) if err.code() == Some("WRONGTYPE") => Err(Error::WrongType {
                 key: key.to_owned(),
             }),
@@ -457,11 +467,20 @@ fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
         [Value::Int(scripts::OBTAINED), Value::Int(fence)] => Ok(Obtain::Obtained {
             fence: u64::try_from(*fence).ok(),
         }),
-        [Value::Int(scripts::HELD), Value::Int(ms), Value::Int(index)] => Ok(Obtain::Held {
-            ttl: u64::try_from(*ms).ok().map(Duration::from_millis),
-            // Lua counts from 1.
-            key: usize::try_from(*index - 1).unwrap_or(0),
-        }),
+        [
+            Value::Int(scripts::HELD),
+            Value::Int(ms),
+            Value::Int(index),
+            queued @ ..,
+        ] => {
+            Ok(Obtain::Held {
+                ttl: u64::try_from(*ms).ok().map(Duration::from_millis),
+                // Lua counts from 1.
+                key: usize::try_from(*index - 1).unwrap_or(0),
+                // A fourth element: the attempt queued.
+                queued: !queued.is_empty(),
+            })
+        }
         [Value::Int(scripts::WRONG_TYPE), key] => Err(Error::WrongType {
             key: redis::from_redis_value_ref(key).unwrap_or_default(),
         }),

@@ -478,3 +478,47 @@ async fn modes_on_a_cluster() {
     }
     assert_eq!(total_keys(&cluster), 0);
 }
+
+#[tokio::test]
+async fn fair_waiters_on_a_cluster_get_the_lock_in_arrival_order() {
+    let cluster = Cluster::start();
+    let holder = client(&cluster).await;
+    // Keys on different shards, with and without a hash tag: the queue and the hand-off
+    // notice live in each key's slot.
+    for key in ["{a}:job", "{b}:job", "job"] {
+        let owner = cluster.owner_of(cluster.keyslot(key));
+        let queue = match key {
+            "job" => "{job}:lockset:queue".to_owned(),
+            _ => format!("{key}:lockset:queue"),
+        };
+        let held = holder
+            .obtain(key, ms(60_000), &Options::default())
+            .await
+            .unwrap();
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut waiters = Vec::new();
+        for i in 0..4 {
+            let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
+            let order = order.clone();
+            waiters.push(tokio::spawn(async move {
+                let lock = waiting.obtain(key, ms(60_000), &slow_polling()).await?;
+                order.lock().unwrap().push(i);
+                lock.release().await
+            }));
+            support::eventually(ms(10_000), "queued", async || {
+                cluster.cli(owner, &["ZCARD", &queue]).trim() == (i + 1).to_string()
+            })
+            .await;
+        }
+        held.release().await.unwrap();
+        for waiter in waiters {
+            tokio::time::timeout(Duration::from_secs(10), waiter)
+                .await
+                .expect("handed on")
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3], "{key}");
+        assert_eq!(cluster.cli(owner, &["EXISTS", &queue]).trim(), "0");
+    }
+}

@@ -249,21 +249,30 @@ async fn a_waiter_for_two_keys_does_not_hold_up_a_waiter_for_one_of_them() {
     let other = env.other_client().await;
     let both = tokio::spawn({
         let other = other.clone();
-        async move { other.obtain_multi(["a", "b"], ms(60_000), &slow_polling()).await }
+        async move {
+            other
+                .obtain_multi(["a", "b"], ms(60_000), &slow_polling())
+                .await
+        }
     });
     queued_up_to(&env, "b", 1).await;
     // "a" is free: a waiter for it alone goes in at once, queue or not.
     let third = env.other_client().await;
-    let a = timeout(HANDED_WITHIN, third.obtain("a", ms(60_000), &slow_polling()))
-        .await
-        .expect("not held up")
-        .unwrap();
+    let a = timeout(
+        HANDED_WITHIN,
+        third.obtain("a", ms(60_000), &slow_polling()),
+    )
+    .await
+    .expect("not held up")
+    .unwrap();
     // Released, "b" goes to the waiter for both, reserved, since "a" is now held: it holds
     // neither (never some of its keys), and nobody else takes "b" meanwhile.
     held.release().await.unwrap();
     let reserved = env.get("b").await.unwrap();
     assert!(reserved.starts_with('?'), "{reserved}");
-    let late = Options::default().timeout(ms(200)).retry(Retry::linear(ms(20)));
+    let late = Options::default()
+        .timeout(ms(200))
+        .retry(Retry::linear(ms(20)));
     let err = env.client.obtain("b", ms(60_000), &late).await.unwrap_err();
     assert!(err.is_not_obtained(), "{err}");
     // The release of "a" hands both keys on at once.

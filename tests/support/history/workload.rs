@@ -430,6 +430,12 @@ where
         let ttl = self.draw_ttl();
         let (retry, limit) = (self.draw_retry(), self.draw_limit());
         let mut options = Options::default().retry(retry.clone());
+        // Fair waiting is the default; some waiters barge, some hold short queue leases.
+        if self.rng.random_bool(0.2) {
+            options = options.fair(false);
+        } else if self.rng.random_bool(0.3) {
+            options = options.waiter_lease(ms(self.rng.random_range(30..=1_000)));
+        }
         options = match limit {
             Limit::Ttl => options,
             Limit::Timeout(timeout) => options.timeout(timeout),
