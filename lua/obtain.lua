@@ -248,15 +248,21 @@ end
 local wanted = tonumber(ttl)
 for j = 1, #mine do
   local i, current = mine[j][1], mine[j][2]
-  local stored = value
-  if string.byte(current, 1) == 33 then
-    stored = '!' .. value
-  end
-  local left = redis.call('PTTL', KEYS[i])
-  if left >= 0 and left < wanted then
-    redis.call('SET', KEYS[i], stored, 'PX', ttl)
+  if fair then
+    -- Handed to this waiter, with its own value for no longer than its TTL (the token is
+    -- this obtain's own): the confirmation extends it to the full TTL.
+    redis.call('PEXPIRE', KEYS[i], ttl)
   else
-    redis.call('SET', KEYS[i], stored, 'KEEPTTL')
+    local stored = value
+    if string.byte(current, 1) == 33 then
+      stored = '!' .. value
+    end
+    local left = redis.call('PTTL', KEYS[i])
+    if left >= 0 and left < wanted then
+      redis.call('SET', KEYS[i], stored, 'PX', ttl)
+    else
+      redis.call('SET', KEYS[i], stored, 'KEEPTTL')
+    end
   end
 end
 return won(fence)

@@ -87,7 +87,7 @@ local function hand_off(key)
     return false
   end
   -- Handed on already, with another key of this release.
-  if redis.call('EXISTS', key) == 1 then
+  if count > 1 and redis.call('EXISTS', key) == 1 then
     return true
   end
   local members = redis.call('ZRANGE', queue, 0, LOOK_AT_MOST - 1)

@@ -24,6 +24,7 @@ use crate::options::Options;
 use crate::policy::{self, Held, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
+use crate::retry::Retry;
 use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
@@ -593,12 +594,14 @@ where
     }
 
     /// The fair-waiting state of an obtain of `keys`, when it waits fairly (see
-    /// [`Options::fair`]): `plain` (a random token, every key exclusive), release events
+    /// [`Options::fair`]): `plain` (a random token, every key exclusive), a strategy that
+    /// waits at all, release events
     /// to hear its hand-off, one server or a cluster, and a queue for every key.
     fn fair(&self, keys: &[String], plain: bool, options: &Options) -> Result<Option<Fair>> {
         let lease = Ttl::new(options.waiter_lease.unwrap_or(DEFAULT_WAITER_LEASE))?;
         let fair = plain
             && !options.barging
+            && !matches!(options.retry, Retry::NoRetry)
             && !self.backend().is_quorum()
             && !self.events().is_empty()
             && keys.iter().all(|key| crate::slots::has_queue(key));
