@@ -36,30 +36,7 @@ if ARGV[4] == '1' then
   count = count - 1
 end
 local lease, id = ARGV[6], ARGV[7]
-local fair = lease ~= nil and lease ~= '' and queue_of(KEYS[1]) ~= nil
-local member = fair and record_of(KEYS, id)
--- What a key reserved for this waiter holds (see queue.lua).
-local reserved = fair and ('?' .. id)
-
--- The lock's keys, without the fencing counter.
-local function lock_keys()
-  if not counter then
-    return KEYS
-  end
-  local keys = {}
-  for i = 1, count do
-    keys[i] = KEYS[i]
-  end
-  return keys
-end
-
--- Success: a fair waiter leaves the queues it was in.
-local function won(fence)
-  if fair and redis.call('EXISTS', member) == 1 then
-    dequeue(member, lock_keys())
-  end
-  return {1, fence}
-end
+local fair = lease ~= nil and lease ~= ''
 
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 
@@ -94,6 +71,38 @@ for first = 1, (all_free and count or 0), CHUNK do
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
   created = last
+end
+
+if all_free and not counter and not fair then
+  return {1, false}
+end
+
+-- (queue.lua goes here)
+if fair and not queue_of(KEYS[1]) then
+  fair = false
+end
+local member = fair and record_of(KEYS, id)
+-- What a key reserved for this waiter holds (see queue.lua).
+local reserved = fair and ('?' .. id)
+
+-- The lock's keys, without the fencing counter.
+local function lock_keys()
+  if not counter then
+    return KEYS
+  end
+  local keys = {}
+  for i = 1, count do
+    keys[i] = KEYS[i]
+  end
+  return keys
+end
+
+-- Success: a fair waiter leaves the queues it was in.
+local function won(fence)
+  if fair and redis.call('EXISTS', member) == 1 then
+    dequeue(member, lock_keys())
+  end
+  return {1, fence}
 end
 
 if all_free and not counter then

@@ -1,5 +1,6 @@
--- Waiter queues (fair waiting), shared by obtain.lua and release.lua: this text is put in
--- front of both when they are loaded.
+-- Waiter queues (fair waiting), shared by obtain.lua and release.lua: this text takes the
+-- place of their line "-- (queue.lua goes here)" when they are loaded, after their fast
+-- paths, so that an uncontended obtain or release defines none of these functions.
 --
 -- Each lock key K has a queue: a sorted set named by queue_of(K), in K's cluster slot. Its
 -- members are the names of waiter records, scored by when the waiter first queued (the
@@ -81,3 +82,4 @@ local function dequeue(member, keys)
   end
   redis.call('DEL', member)
 end
+

@@ -26,7 +26,38 @@
 local value = ARGV[2]
 local count = #KEYS
 local CHUNK = 1000
-local leaving = ARGV[5]
+-- A fair waiter that gives up (its id), else nil.
+local leaving = ARGV[5] ~= nil and ARGV[5] ~= '' and ARGV[5] or nil
+
+-- The common case first, with nothing to set up: every key holds exactly our value (nobody
+-- waits, the metadata is unchanged). String comparison is a pointer comparison in Lua.
+local single = nil  -- the value of a single key, when not exactly ours
+if leaving then
+  -- A fair waiter that gives up: below.
+elseif count == 1 then
+  -- pcall: a key that became a hash is not ours, and must not abort the script.
+  single = redis.pcall('GET', KEYS[1])
+  if single == value then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+elseif count <= CHUNK then
+  local values = redis.call('MGET', unpack(KEYS))
+  local exact = true
+  for i = 1, count do
+    if values[i] ~= value then
+      exact = false
+      break
+    end
+  end
+  if exact then
+    redis.call('DEL', unpack(KEYS))
+    return 1
+  end
+end
+
+-- The slow path: somebody waits, the metadata changed, or the lock is not held as it was.
+-- (queue.lua goes here)
 local notice = ARGV[6] or ''
 -- Redis before 7.0 has no sharded pub/sub: a cluster's waiters listen with SUBSCRIBE there.
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
@@ -137,7 +168,7 @@ local function hand_off(key)
 end
 
 -- A fair waiter that gives up leaves its queues, and passes on the keys reserved for it.
-if leaving and leaving ~= '' and queue_of(KEYS[1]) then
+if leaving and queue_of(KEYS[1]) then
   dequeue(record_of(KEYS, leaving), KEYS)
   local mark = '?' .. leaving
   for i = 1, count do
@@ -145,31 +176,6 @@ if leaving and leaving ~= '' and queue_of(KEYS[1]) then
       redis.call('DEL', KEYS[i])
       hand_off(KEYS[i])
     end
-  end
-end
-
--- The common case first, with nothing to set up: every key holds exactly our value (nobody
--- waits, the metadata is unchanged). String comparison is a pointer comparison in Lua.
-local single = nil  -- the value of a single key, when not exactly ours
-if count == 1 then
-  -- pcall: a key that became a hash is not ours, and must not abort the script.
-  single = redis.pcall('GET', KEYS[1])
-  if single == value then
-    redis.call('DEL', KEYS[1])
-    return 1
-  end
-elseif count <= CHUNK then
-  local values = redis.call('MGET', unpack(KEYS))
-  local exact = true
-  for i = 1, count do
-    if values[i] ~= value then
-      exact = false
-      break
-    end
-  end
-  if exact then
-    redis.call('DEL', unpack(KEYS))
-    return 1
   end
 end
 

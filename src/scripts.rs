@@ -6,46 +6,47 @@ use std::sync::LazyLock;
 /// A bundled script: its source, and the SHA1 hash EVALSHA names it by.
 pub(crate) struct Lua {
     /// The script itself, for EVAL.
-    pub(crate) source: &'static str,
+    pub(crate) source: String,
     /// Its hash, for EVALSHA.
     pub(crate) hash: String,
 }
 
 impl Lua {
-    fn new(source: &'static str) -> Self {
-        let hash = redis::Script::new(source).get_hash().to_owned();
+    fn new(source: String) -> Self {
+        let hash = redis::Script::new(&source).get_hash().to_owned();
         Self { source, hash }
     }
 }
 
-/// Locks every key or none; re-entrant by owner tag; queues a fair waiter. (`queue.lua`,
-/// the waiter queues, goes in front of the two scripts that use it.)
-pub(crate) static OBTAIN: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("../lua/queue.lua"),
-        include_str!("../lua/obtain.lua")
-    ))
-});
+/// The line in `obtain.lua` and `release.lua` where `queue.lua` goes: after their fast paths,
+/// so that an uncontended obtain or release defines none of its functions.
+const QUEUE_GOES_HERE: &str = "-- (queue.lua goes here)\n";
+
+/// `script` with `queue.lua` in place of its marker line.
+fn with_queue(script: &str) -> Lua {
+    Lua::new(script.replacen(QUEUE_GOES_HERE, include_str!("../lua/queue.lua"), 1))
+}
+
+/// Locks every key or none; re-entrant by owner tag; queues a fair waiter.
+pub(crate) static OBTAIN: LazyLock<Lua> =
+    LazyLock::new(|| with_queue(include_str!("../lua/obtain.lua")));
 
 /// The smallest remaining TTL of a held lock.
-pub(crate) static PTTL: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../lua/pttl.lua")));
+pub(crate) static PTTL: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("../lua/pttl.lua").to_owned()));
 
 /// Extends every key of a held lock.
 pub(crate) static REFRESH: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../lua/refresh.lua")));
+    LazyLock::new(|| Lua::new(include_str!("../lua/refresh.lua").to_owned()));
 
 /// Deletes every key of a held lock, handing each to its queue's first waiter; a fair
 /// waiter that gives up leaves its queues through it too.
-pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("../lua/queue.lua"),
-        include_str!("../lua/release.lua")
-    ))
-});
+pub(crate) static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| with_queue(include_str!("../lua/release.lua")));
 
 /// Every operation on a lock that holds some key shared or as a permit.
 pub(crate) static MODES: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../lua/modes.lua")));
+    LazyLock::new(|| Lua::new(include_str!("../lua/modes.lua").to_owned()));
 
 /// Reply of `obtain.lua` for success: `{OBTAINED, fence}`.
 pub(crate) const OBTAINED: i64 = 1;

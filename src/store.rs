@@ -384,7 +384,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         };
         let mut conn = self.conn.clone();
         if sending == Sending::Whole {
-            return Ok(command("EVAL", script.source)
+            return Ok(command("EVAL", &script.source)
                 .query_async(&mut conn)
                 .await?);
         }
@@ -396,7 +396,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 self.reloads.fetch_add(1, Ordering::Relaxed);
-                Ok(command("EVAL", script.source)
+                Ok(command("EVAL", &script.source)
                     .query_async(&mut conn)
                     .await?)
             }

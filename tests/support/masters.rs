@@ -62,19 +62,13 @@ impl Masters {
     /// trip (which a test with short node limits on a loaded machine may not afford).
     pub async fn load_scripts(&self) {
         let scripts = [
-            concat!(
-                include_str!("../../lua/queue.lua"),
-                include_str!("../../lua/obtain.lua")
-            ),
-            include_str!("../../lua/pttl.lua"),
-            include_str!("../../lua/refresh.lua"),
-            concat!(
-                include_str!("../../lua/queue.lua"),
-                include_str!("../../lua/release.lua")
-            ),
+            super::bundled(include_str!("../../lua/obtain.lua")),
+            include_str!("../../lua/pttl.lua").to_owned(),
+            include_str!("../../lua/refresh.lua").to_owned(),
+            super::bundled(include_str!("../../lua/release.lua")),
         ];
         for i in 0..self.servers.len() {
-            for script in scripts {
+            for script in &scripts {
                 let _: String = self.cmd(i, &["SCRIPT", "LOAD", script]).await;
             }
         }

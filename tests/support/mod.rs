@@ -190,6 +190,16 @@ pub async fn lost_by(lost: &lockset::LostSignal, due: tokio::time::Instant) {
     );
 }
 
+/// A bundled script as the library sends it: `queue.lua` in place of its marker line (see
+/// `src/scripts.rs`).
+pub fn bundled(script: &str) -> String {
+    script.replacen(
+        "-- (queue.lua goes here)\n",
+        include_str!("../../lua/queue.lua"),
+        1,
+    )
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
