@@ -10,7 +10,7 @@
 --          "!" so that its release announces itself (see release.lua)
 -- ARGV[6]  for a fair waiter: its lease in milliseconds (else empty or absent). A fair
 --          waiter that finds a key held queues on every key (see queue.lua), or renews its
---          lease; it may take a key reserved for it; once it has the lock it leaves the queues
+--          lease; once it has the lock it leaves the queues
 -- ARGV[7]  for a fair waiter: its id
 --
 -- Reply: {1, fence}     every key is ours, with the counter's new value (false without fencing)
@@ -82,8 +82,6 @@ if fair and not queue_of(KEYS[1]) then
   fair = false
 end
 local member = fair and record_of(KEYS, id)
--- What a key reserved for this waiter holds (see queue.lua).
-local reserved = fair and ('?' .. id)
 
 -- The lock's keys, without the fencing counter.
 local function lock_keys()
@@ -116,14 +114,11 @@ local function owned(current)
 end
 
 local mine = {}    -- {index, current value} of keys this owner already held
-local reclaimed = {}  -- indexes of keys reserved for this waiter, taken by this call
 local function undo()
   local m = 1
   for i = 1, created do
     if mine[m] and mine[m][1] == i then
       m = m + 1
-    elseif reclaimed[i] then
-      redis.call('SET', KEYS[i], reserved, 'PX', lease)
     else
       redis.call('DEL', KEYS[i])
     end
@@ -139,16 +134,16 @@ local function failed(err, key)
 end
 
 -- A fair waiter blocked by KEYS[blocked]: queues on every key, or renews its lease (the
--- record's expiry), keeping its place. (It reserves no free key: a key it cannot use yet
--- goes to whoever comes; releases reserve keys for it, see release.lua.)
+-- record's expiry), keeping its place. Its record names every key, also a single one (two
+-- keys' queues may share a name: "job" and "{job}").
 local function queue_up(blocked)
   local keys = lock_keys()
   if redis.call('PEXPIRE', member, lease) == 1 then
     redis.call('HSET', member, 'l', blocked)
   else
     redis.call('HSET', member, 'v', value, 't', ttl, 'i', id, 'n', count, 'l', blocked)
-    -- The keys, when more than one, in chunks (unpack() has a limit).
-    for first = 1, (count > 1 and count or 0), CHUNK do
+    -- The keys, in chunks (unpack() has a limit).
+    for first = 1, count, CHUNK do
       local fields = {}
       for j = first, math.min(first + CHUNK - 1, count) do
         fields[#fields + 1] = j
@@ -163,11 +158,10 @@ local function queue_up(blocked)
   for j = 1, count do
     local queue = queue_of(keys[j])
     redis.call('ZADD', queue, 'NX', arrival, member)
-    -- A queue whose waiters all died goes with them.
-    redis.call('PEXPIRE', queue, 3 * lease)
-    -- A key reserved for this waiter lasts as long as its lease.
-    if count > 1 and redis.pcall('GET', keys[j]) == reserved then
-      redis.call('PEXPIRE', keys[j], lease)
+    -- A queue whose waiters all died goes with them; never sooner than another waiter's
+    -- longer lease asked for.
+    if redis.call('PTTL', queue) < 3 * lease then
+      redis.call('PEXPIRE', queue, 3 * lease)
     end
   end
 end
@@ -195,9 +189,6 @@ elseif redis7 then
         return failed(current, KEYS[i])
       elseif owned(current) then
         mine[#mine + 1] = {i, current}
-      elseif current == reserved then
-        redis.call('SET', KEYS[i], value, 'PX', ttl)
-        reclaimed[i] = true
       else
         return held_by_another(i, current)
       end
@@ -211,9 +202,8 @@ else
     local current = redis.pcall('GET', KEYS[i])
     if type(current) == 'table' then
       return failed(current, KEYS[i])
-    elseif not current or current == reserved then
+    elseif not current then
       free[#free + 1] = i
-      reclaimed[i] = current == reserved
     elseif owned(current) then
       mine[#mine + 1] = {i, current}
     else

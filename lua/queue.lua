@@ -9,12 +9,10 @@
 --   v  the value the waiter stores when it gets the lock     t  its TTL in milliseconds
 --   i  the waiter's id                                      n  how many keys it waits for
 --   l  the index of the key whose release channel it listens on
---   1..n  its keys, when more than one
+--   1..n  its keys
 -- The record's own expiry is the waiter's lease: a waiter that stops renewing it (crashed,
 -- cut off) is dead once it expires, and is skipped and dropped from the queues.
---
--- A free key may be reserved for the waiter at the head of all its queues while it waits for
--- its other keys: the key then holds '?' .. id, for no longer than the waiter's lease.
+
 
 local QUEUE_SUFFIX = ':lockset:queue'
 -- Queue entries a release looks at before it leaves a key free.

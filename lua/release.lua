@@ -8,13 +8,12 @@
 -- ARGV[3]  "PUBLISH", "SPUBLISH", or empty for no announcement
 -- ARGV[4]  the announcement's payload
 -- ARGV[5]  the id of a fair waiter that gives up (else empty): it leaves the queues of KEYS,
---          frees the keys reserved for it, and releases the lock if it was handed it
+--          and releases the lock if it was handed it
 -- ARGV[6]  "PUBLISH" or "SPUBLISH": how a waiter is told that it was handed the lock
 --
 -- A key somebody queues for (see queue.lua) is not left free: it is handed, in the same
 -- step, to the first waiter in its queue that can take its whole lock (then told so on its
--- release channel with "g" .. id), or reserved for the first waiter in all its queues; only
--- when no waiter can have it is it announced as above.
+-- release channel with "g" .. id); only when no waiter can have it is it announced as above.
 --
 -- Reply: 1 when every key was deleted; 0 when some key holds another owner's value or another
 --        type, 2 when none does but some are missing: the lock is not held (nothing changed).
@@ -65,22 +64,19 @@ if notice == 'SPUBLISH' and not redis7 then
   notice = 'PUBLISH'
 end
 
--- Hands MEMBER, a live waiter whose lease has LEFT ms to run, every key in KEYS (all free, or
--- reserved for it) for its TTL, but no longer than its lease: a waiter that died since it
--- last renewed holds the keys no longer than that. It learns of it on its channel, and
--- makes it its own by a confirming obtain (see src/policy.rs). MORE: others queue behind
--- it for KEYS[1]. LISTEN: the key on whose release channel it listens.
-local function grant(member, record, keys, left, more, listen)
+-- Hands MEMBER, a live waiter whose lease has LEFT ms to run, every key in KEYS (all free)
+-- for its TTL, but no longer than its lease: a waiter that died since it last renewed holds
+-- the keys no longer than that. It learns of it on its channel, and makes it its own by a
+-- confirming obtain (see src/policy.rs). LISTEN: the key on whose release channel it
+-- listens.
+local function grant(member, record, keys, left, listen)
   local value, id = record[1], record[3]
   local px = math.min(tonumber(record[2]), left)
   for j = 1, #keys do
     local queue = queue_of(keys[j])
     redis.call('ZREM', queue, member)
     -- A key others queue for is marked, so that its release hands it on.
-    local others = more
-    if j > 1 then
-      others = redis.call('EXISTS', queue) == 1
-    end
+    local others = redis.call('EXISTS', queue) == 1
     redis.call('SET', keys[j], others and '!' .. value or value, 'PX', px)
   end
   redis.call('DEL', member)
@@ -89,13 +85,10 @@ local function grant(member, record, keys, left, more, listen)
   end
 end
 
--- The keys of the waiter MEMBER, whose record says it waits for N keys, one of them KEY.
-local function keys_of(member, n, key)
-  if n <= 1 then
-    return {key}
-  end
-  local keys = {}
-  for first = 1, n, CHUNK do
+-- The keys of the waiter MEMBER, whose record says it waits for N keys, the first FIRST.
+local function keys_of(member, n, first_key)
+  local keys = {first_key}
+  for first = 2, n, CHUNK do
     local fields = {}
     for j = first, math.min(first + CHUNK - 1, n) do
       fields[#fields + 1] = j
@@ -108,10 +101,12 @@ local function keys_of(member, n, key)
   return keys
 end
 
--- KEY was just freed: hands it, with the rest of its lock, to the first waiter in its queue
--- that can take every key of its lock now, or reserves it for the first waiter that is
--- first in all its queues. Dead waiters met on the way leave the queue. True when KEY went
--- to a waiter (maybe with another key of this release, earlier).
+-- KEY was just freed: hands it, with the rest of its lock, to the first live waiter in its
+-- queue that can take every key of its lock now. A waiter that cannot, first in all its
+-- queues, has the holders of its other keys marked, so that their releases hand on too;
+-- the key itself goes on down the queue (nothing is reserved: a waiter never keeps others
+-- from a key it cannot use yet). Dead waiters met on the way leave the queue. True when KEY
+-- went to a waiter (maybe with another key of this release, earlier).
 local function hand_off(key)
   local queue = queue_of(key)
   if not queue then
@@ -124,59 +119,45 @@ local function hand_off(key)
   local members = redis.call('ZRANGE', queue, 0, LOOK_AT_MOST - 1)
   for m = 1, #members do
     local member = members[m]
-    local record = redis.call('HMGET', member, 'v', 't', 'i', 'n', 'l')
+    local record = redis.call('HMGET', member, 'v', 't', 'i', 'n', 'l', 1)
     local left = record[1] and redis.call('PTTL', member) or -2
     if left <= 0 then
       redis.call('ZREM', queue, member)
     else
-      local n = tonumber(record[4])
-      local keys = keys_of(member, n, key)
-      local mark = '?' .. record[3]
+      local keys = keys_of(member, tonumber(record[4]), record[6])
+      -- Another key's queue may share this one's name ("job" and "{job}"): only a waiter
+      -- for KEY itself may have it.
+      local wants = false
       local held = {}  -- {key, value} of its keys that others hold
-      for j = 1, (n > 1 and #keys or 0) do
-        local current = redis.pcall('GET', keys[j])
-        if current and current ~= mark then
-          held[#held + 1] = {keys[j], current}
-        end
-      end
-      local free = #held == 0
-      if free then
-        local listen = keys[tonumber(record[5])] or key
-        -- KEY first, so that `more` applies to it.
-        for j = 1, #keys do
-          if keys[j] == key then
-            keys[j], keys[1] = keys[1], key
-            break
+      for j = 1, #keys do
+        if keys[j] == key then
+          wants = true
+        else
+          local current = redis.pcall('GET', keys[j])
+          if current then
+            held[#held + 1] = {keys[j], current}
           end
         end
-        grant(member, record, keys, left, #members > m, listen)
+      end
+      if wants and #held == 0 then
+        grant(member, record, keys, left, keys[tonumber(record[5])] or key)
         return true
-      elseif first_in_all(member, keys) then
-        redis.call('SET', key, mark, 'PX', left)
-        -- Their releases hand on too, so that it gets its keys as they come free.
+      elseif wants and first_in_all(member, keys) then
         for j = 1, #held do
           local current = held[j][2]
           if type(current) == 'string' and ours_to_mark(current) then
             redis.call('SET', held[j][1], '!' .. current, 'KEEPTTL')
           end
         end
-        return true
       end
     end
   end
   return false
 end
 
--- A fair waiter that gives up leaves its queues, and passes on the keys reserved for it.
+-- A fair waiter that gives up leaves its queues.
 if leaving and queue_of(KEYS[1]) then
   dequeue(record_of(KEYS, leaving), KEYS)
-  local mark = '?' .. leaving
-  for i = 1, count do
-    if redis.pcall('GET', KEYS[i]) == mark then
-      redis.call('DEL', KEYS[i])
-      hand_off(KEYS[i])
-    end
-  end
 end
 
 local owner, announce, payload = ARGV[1], ARGV[3], ARGV[4]

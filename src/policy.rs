@@ -69,6 +69,8 @@ pub(crate) struct Waiter<'a> {
     fair: Option<&'a Fair>,
     /// An attempt queued: every attempt from now on queues, or renews the place.
     queued: bool,
+    /// The id under which the subscriptions expect a hand-off (see [`Fair::id`]).
+    granted_as: Option<String>,
 }
 
 impl<'a> Waiter<'a> {
@@ -92,6 +94,7 @@ impl<'a> Waiter<'a> {
             listening: Vec::new(),
             fair,
             queued: false,
+            granted_as: None,
         }
     }
 
@@ -120,12 +123,12 @@ impl<'a> Waiter<'a> {
     }
 
     /// Subscribes to `channel`, the release channel of `keys[key]`, on every server.
-    fn subscribe(&self, channel: &str, key: usize) -> Vec<Subscription> {
+    fn subscribe(&mut self, channel: &str, key: usize) -> Vec<Subscription> {
         let sharing = self.sharing(key);
-        let grant = self.fair.map(Fair::id);
+        self.granted_as = self.fair.map(Fair::id);
         self.events
             .iter()
-            .map(|events| events.subscribe(channel, sharing, grant.as_deref()))
+            .map(|events| events.subscribe(channel, sharing, self.granted_as.as_deref()))
             .collect()
     }
 
@@ -166,10 +169,13 @@ impl<'a> Waiter<'a> {
             return false;
         }
         let channel = release_channel(name);
+        // The same channel, and for a fair waiter the same id: one that started over (after
+        // an unknown outcome) is handed the lock under its new id.
         let same = self
             .listening
             .first()
-            .is_some_and(|s| s.channel() == channel);
+            .is_some_and(|s| s.channel() == channel)
+            && self.fair.map(Fair::id) == self.granted_as;
         if same && self.listening() {
             // Listening on one server is enough to be woken, but not for good: where the
             // subscription lapsed (a quorum master's connection was replaced), subscribe again

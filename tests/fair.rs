@@ -36,9 +36,22 @@ fn wait_for(
     tokio::spawn(async move { client.obtain(key, ms(60_000), &options).await })
 }
 
+/// Spawns an obtain of `keys` for 60 s on `client`.
+fn wait_for_keys(
+    client: &Client<ConnectionManager>,
+    keys: Vec<&'static str>,
+    options: Options,
+) -> JoinHandle<Result<Lock<ConnectionManager>, lockset::Error>> {
+    let client = client.clone();
+    tokio::spawn(async move { client.obtain_multi(keys, ms(60_000), &options).await })
+}
+
 /// How many waiters are in `key`'s queue.
 async fn queued(env: &Env, key: &str) -> i64 {
-    let queue = format!("{{{key}}}:lockset:queue");
+    let queue = match key.find('{') {
+        Some(_) => format!("{key}:lockset:queue"),
+        None => format!("{{{key}}}:lockset:queue"),
+    };
     env.cmd(&["ZCARD", &queue]).await
 }
 
@@ -247,35 +260,29 @@ async fn a_waiter_for_two_keys_does_not_hold_up_a_waiter_for_one_of_them() {
         .await
         .unwrap();
     let other = env.other_client().await;
-    let both = tokio::spawn({
-        let other = other.clone();
-        async move {
-            other
-                .obtain_multi(["a", "b"], ms(60_000), &slow_polling())
-                .await
-        }
-    });
+    let both = wait_for_keys(&other, vec!["a", "b"], slow_polling());
     queued_up_to(&env, "b", 1).await;
-    // "a" is free: a waiter for it alone goes in at once, queue or not.
+    // "a" is free: a waiter for it alone goes in at once, and again after the release: the
+    // waiter for both, blocked by "b", keeps nobody from "a".
     let third = env.other_client().await;
-    let a = timeout(
-        HANDED_WITHIN,
-        third.obtain("a", ms(60_000), &slow_polling()),
-    )
-    .await
-    .expect("not held up")
-    .unwrap();
-    // Released, "b" goes to the waiter for both, reserved, since "a" is now held: it holds
-    // neither (never some of its keys), and nobody else takes "b" meanwhile.
+    for _ in 0..2 {
+        let a = timeout(
+            HANDED_WITHIN,
+            third.obtain("a", ms(60_000), &slow_polling()),
+        )
+        .await
+        .expect("not held up")
+        .unwrap();
+        a.release().await.unwrap();
+    }
+    let a = third
+        .obtain("a", ms(60_000), &slow_polling())
+        .await
+        .unwrap();
+    // Released, "b" cannot go to the waiter for both ("a" is held; never some of its keys):
+    // it marks the holder of "a", whose release then hands both keys on at once.
     held.release().await.unwrap();
-    let reserved = env.get("b").await.unwrap();
-    assert!(reserved.starts_with('?'), "{reserved}");
-    let late = Options::default()
-        .timeout(ms(200))
-        .retry(Retry::linear(ms(20)));
-    let err = env.client.obtain("b", ms(60_000), &late).await.unwrap_err();
-    assert!(err.is_not_obtained(), "{err}");
-    // The release of "a" hands both keys on at once.
+    assert!(env.get("a").await.unwrap().starts_with('!'));
     a.release().await.unwrap();
     let lock = timeout(HANDED_WITHIN, both)
         .await
@@ -285,9 +292,178 @@ async fn a_waiter_for_two_keys_does_not_hold_up_a_waiter_for_one_of_them() {
     // Both hold its value (maybe behind a waiter's mark).
     let (a, b) = (env.get("a").await.unwrap(), env.get("b").await.unwrap());
     assert_eq!(a.trim_start_matches('!'), b.trim_start_matches('!'));
-    assert!(lock.ttl().await.unwrap().is_some());
     lock.release().await.unwrap();
     assert_eq!(env.dbsize().await, 0);
+}
+
+/// Locking "a" then, inside, "b" (nested, two obtains) goes on while another waits for
+/// both at once: nothing keeps "b" for that waiter while "a" is held.
+#[tokio::test]
+async fn nested_obtains_do_not_deadlock_with_a_waiter_for_both_keys() {
+    let env = Env::start().await;
+    let (a, b) = ("{n}:a", "{n}:b");
+    let outer = env
+        .client
+        .obtain(a, ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let held_b = env
+        .client
+        .obtain(b, ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let other = env.other_client().await;
+    // Blocked by "b" first: it marks the holder of "b".
+    let both = wait_for_keys(&other, vec![b, a], slow_polling());
+    queued_up_to(&env, b, 1).await;
+    held_b.release().await.unwrap();
+    let quick = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(3_000));
+    let inner = env.client.obtain(b, ms(60_000), &quick).await.unwrap();
+    inner.release().await.unwrap();
+    outer.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, both)
+        .await
+        .expect("handed on")
+        .unwrap()
+        .unwrap();
+    lock.release().await.unwrap();
+}
+
+/// "job" and "{job}" have queues of one name; a release of one goes to a waiter for it.
+#[tokio::test]
+async fn a_key_and_its_braced_twin_are_handed_to_their_own_waiters() {
+    let env = Env::start().await;
+    let plain = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let braced = env
+        .client
+        .obtain("{job}", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let (c1, c2) = (env.other_client().await, env.other_client().await);
+    let for_braced = wait_for_keys(&c1, vec!["{job}"], slow_polling().metadata("braced"));
+    queued_up_to(&env, "job", 1).await;
+    let for_plain = wait_for_keys(&c2, vec!["job"], slow_polling().metadata("plain"));
+    queued_up_to(&env, "job", 2).await;
+    plain.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, for_plain)
+        .await
+        .expect("handed to the waiter for \"job\"")
+        .unwrap()
+        .unwrap();
+    assert_eq!(lock.metadata(), "plain");
+    lock.release().await.unwrap();
+    braced.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, for_braced)
+        .await
+        .expect("handed to the waiter for \"{job}\"")
+        .unwrap()
+        .unwrap();
+    assert_eq!(lock.metadata(), "braced");
+    lock.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0);
+}
+
+/// A waiter with a short lease never shortens the life of a queue that a waiter with a
+/// longer lease is first in.
+#[tokio::test]
+async fn a_short_lease_does_not_expire_the_queue_under_a_longer_one() {
+    let env = Env::start().await;
+    let held = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let (c1, c2, c3) = (
+        env.other_client().await,
+        env.other_client().await,
+        env.other_client().await,
+    );
+    let first = wait_for_keys(
+        &c1,
+        vec!["job"],
+        slow_polling().waiter_lease(ms(30_000)).metadata("first"),
+    );
+    queued_up_to(&env, "job", 1).await;
+    let short = wait_for_keys(
+        &c2,
+        vec!["job"],
+        slow_polling().waiter_lease(ms(60)).timeout(ms(400)),
+    );
+    queued_up_to(&env, "job", 2).await;
+    assert!(short.await.unwrap().is_err());
+    c2.background_idle().await;
+    // Longer than three of the short lease: the queue would be gone by now.
+    tokio::time::sleep(ms(500)).await;
+    assert_eq!(queued(&env, "job").await, 1);
+    let second = wait_for_keys(&c3, vec!["job"], slow_polling().metadata("second"));
+    queued_up_to(&env, "job", 2).await;
+    held.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, first)
+        .await
+        .expect("the first waiter is next")
+        .unwrap()
+        .unwrap();
+    assert_eq!(lock.metadata(), "first");
+    lock.release().await.unwrap();
+    timeout(HANDED_WITHIN, second)
+        .await
+        .expect("then the second")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// A waiter whose renewal got no reply starts over with a new token and id; it still hears
+/// the hand-off made to the new id.
+#[tokio::test]
+async fn a_waiter_that_started_over_hears_its_hand_off() {
+    let env = Env::start().await;
+    let held = env
+        .client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let proxy = Proxy::start(env.server.port()).await;
+    let commands = lockset::redis::Client::open(proxy.url()).unwrap();
+    let conn = ConnectionManager::new(commands).await.unwrap();
+    let events = lockset::redis::Client::open(env.server.url()).unwrap();
+    let client = Client::new(conn).with_release_events(events).unwrap();
+    // Renewals every 3 s: only the hand-off notice can get it the lock sooner.
+    let waiter = wait_for_keys(
+        &client,
+        vec!["job"],
+        slow_polling().waiter_lease(ms(9_000)).metadata("W"),
+    );
+    queued_up_to(&env, "job", 1).await;
+    let queue = "{job}:lockset:queue";
+    let before: Vec<String> = env.cmd(&["ZRANGE", queue, "0", "-1"]).await;
+    proxy.lose_next_reply();
+    eventually(ms(10_000), "queued again under a new id", async || {
+        let now: Vec<String> = env.cmd(&["ZRANGE", queue, "0", "-1"]).await;
+        now.len() == 1 && now != before
+    })
+    .await;
+    held.release().await.unwrap();
+    let released = Instant::now();
+    let lock = timeout(ms(10_000), waiter)
+        .await
+        .expect("handed over")
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < HANDED_WITHIN,
+        "{:?}",
+        released.elapsed()
+    );
+    lock.release().await.unwrap();
 }
 
 #[tokio::test]

@@ -175,9 +175,11 @@ async fn each_retry_is_an_event_and_a_callback_naming_the_held_key() {
     let (capture, _guard) = capture();
     let calls = Arc::new(Mutex::new(Vec::new()));
     let seen = calls.clone();
+    // Barging: a fair waiter sleeps until its hand-off instead of retrying every 20 ms.
     let options = Options::default()
         .retry(Retry::linear(ms(20)))
         .timeout(ms(300))
+        .fair(false)
         .on_retry(move |event| {
             let held = match event.blocked {
                 Blocked::Held { key, ttl } => Some((key.to_owned(), ttl)),

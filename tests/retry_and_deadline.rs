@@ -54,9 +54,11 @@ async fn limit_retry_makes_n_plus_one_attempts_then_not_obtained() {
     env.load_scripts().await;
     let _held = hold(&env, SET[0]).await;
     let before = env.attempts().await;
+    // Barging: a fair waiter's delays count time waited, not attempts (tests/fair.rs).
     let options = Options::default()
         .retry(Retry::linear(ms(1)).limit(3))
-        .timeout(Duration::from_secs(30));
+        .timeout(Duration::from_secs(30))
+        .fair(false);
     let err = env
         .client
         .obtain_multi(SET, ms(10_000), &options)
