@@ -50,7 +50,9 @@
 //!   releases on drop; a cancelled obtain cleans up after itself; [`Options::fencing`] mints
 //!   fencing tokens. See the README's "Holding a lock for long work".
 //! - **Waiting.** A client from [`Client::connect`] wakes its waiting obtains when a lock is
-//!   released, over one shared pub/sub connection ([`Client::with_release_events`]).
+//!   released, over one shared pub/sub connection ([`Client::with_release_events`]). Waiters
+//!   queue in Redis, first come first served across processes, and a release hands the lock
+//!   straight to the first of them ([`Options::fair`]).
 //! - **Modes.** Pair a key with a [`Mode`] to hold it shared (a read lock) or as one of N
 //!   permits (a semaphore), mixed with exclusive keys in one atomic obtain:
 //!   `client.obtain_multi([("order", Mode::Exclusive), ("catalog", Mode::Shared)], ttl, &options)`.
