@@ -107,6 +107,12 @@ end
 -- the key itself goes on down the queue (nothing is reserved: a waiter never keeps others
 -- from a key it cannot use yet). Dead waiters met on the way leave the queue. True when KEY
 -- went to a waiter (maybe with another key of this release, earlier).
+-- The keys this release frees, when more than one: each goes to its own queue's first.
+local released = {}
+for i = 1, (count > 1 and count or 0) do
+  released[KEYS[i]] = true
+end
+
 local function hand_off(key)
   local queue = queue_of(key)
   if not queue then
@@ -128,10 +134,13 @@ local function hand_off(key)
       -- Another key's queue may share this one's name ("job" and "{job}"): only a waiter
       -- for KEY itself may have it.
       local wants = false
+      local behind = false  -- behind another waiter for a key this release frees
       local held = {}  -- {key, value} of its keys that others hold
       for j = 1, #keys do
         if keys[j] == key then
           wants = true
+        elseif released[keys[j]] then
+          behind = behind or live_head(queue_of(keys[j])) ~= member
         else
           local current = redis.pcall('GET', keys[j])
           if current then
@@ -139,7 +148,7 @@ local function hand_off(key)
           end
         end
       end
-      if wants and #held == 0 then
+      if wants and not behind and #held == 0 then
         grant(member, record, keys, left, keys[tonumber(record[5])] or key)
         return true
       elseif wants and first_in_all(member, keys) then

@@ -297,6 +297,15 @@ pub enum InvalidInput {
         /// The repeated key.
         key: String,
     },
+    /// A key named like lockset's waiter queues (it contains `:lockset:queue`): a string
+    /// there would break the hand-off of the key the queue belongs to.
+    #[error(
+        "invalid input: key {key:?} contains \":lockset:queue\", which names lockset's waiter queues"
+    )]
+    ReservedKey {
+        /// The key.
+        key: String,
+    },
     /// More keys than [`MAX_KEYS`](crate::MAX_KEYS).
     #[error("invalid input: {count} keys, at most {max} are allowed")]
     TooManyKeys {

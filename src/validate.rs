@@ -18,6 +18,9 @@ pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
 const SMALL_SET: usize = 16;
 
 /// Checks a key set: not empty, no empty key, no duplicate, at most [`MAX_KEYS`].
+/// What names lockset's waiter queues and records (see `lua/queue.lua`).
+const QUEUE_MARK: &str = ":lockset:queue";
+
 pub(crate) fn keys(keys: &[String]) -> Result<(), InvalidInput> {
     if keys.is_empty() {
         return Err(InvalidInput::NoKeys);
@@ -30,6 +33,9 @@ pub(crate) fn keys(keys: &[String]) -> Result<(), InvalidInput> {
     }
     if let Some(index) = keys.iter().position(String::is_empty) {
         return Err(InvalidInput::EmptyKey { index });
+    }
+    if let Some(key) = keys.iter().find(|key| key.contains(QUEUE_MARK)) {
+        return Err(InvalidInput::ReservedKey { key: key.clone() });
     }
     // Small sets are compared pairwise, without allocating a set on the hot path.
     let duplicate = if keys.len() <= SMALL_SET {

@@ -509,3 +509,47 @@ async fn waiters_with_overlapping_key_sets_all_make_progress() {
     }
     assert_eq!(env.dbsize().await, 0);
 }
+
+/// A release of two keys hands each to its own queue's first waiter: a waiter for both,
+/// which came later, does not take the key another waiter was first in line for.
+#[tokio::test]
+async fn a_release_of_several_keys_keeps_each_queues_order() {
+    let env = Env::start().await;
+    let (a, b) = ("{r}:a", "{r}:b");
+    let held = env
+        .client
+        .obtain_multi([a, b], ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let (c1, c2) = (env.other_client().await, env.other_client().await);
+    let first = wait_for_keys(&c1, vec![b], slow_polling().metadata("first"));
+    queued_up_to(&env, b, 1).await;
+    let later = wait_for_keys(&c2, vec![a, b], slow_polling().metadata("later"));
+    queued_up_to(&env, a, 1).await;
+    queued_up_to(&env, b, 2).await;
+    // Make sure both keys are marked (the later waiter marked only the key it met first).
+    let _: String = env
+        .cmd(&[
+            "SET",
+            b,
+            &format!("!{}", env.get(b).await.unwrap().trim_start_matches('!')),
+            "KEEPTTL",
+        ])
+        .await;
+    held.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, first)
+        .await
+        .expect("the first in line for b gets it")
+        .unwrap()
+        .unwrap();
+    assert_eq!(lock.metadata(), "first");
+    lock.release().await.unwrap();
+    timeout(HANDED_WITHIN, later)
+        .await
+        .expect("then the waiter for both")
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}

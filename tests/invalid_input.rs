@@ -44,6 +44,14 @@ async fn bad_key_sets_are_rejected() {
         invalid(client.obtain_multi(["a", "b", "a"], ms(1_000), &o).await),
         InvalidInput::DuplicateKey { key: "a".into() }
     );
+    // Names of waiter queues and records: a string there would break a release's hand-off.
+    assert_eq!(
+        invalid(client.obtain("{job}:lockset:queue", ms(1_000), &o).await),
+        InvalidInput::ReservedKey {
+            key: "{job}:lockset:queue".into()
+        }
+    );
+    assert_eq!(env.dbsize().await, 0);
     let too_many: Vec<String> = (0..=MAX_KEYS).map(|i| i.to_string()).collect();
     assert_eq!(
         invalid(client.obtain_multi(too_many, ms(1_000), &o).await),
