@@ -32,18 +32,26 @@ pub fn fencing_key_for(key: &str) -> Option<String> {
 /// Whether `key` has a waiter queue (fair waiting): a name derived from it in its slot, as
 /// `lua/queue.lua` derives it (`key:lockset:queue` or `{key}:lockset:queue`).
 pub(crate) fn has_queue(key: &str) -> bool {
-    hash_tag(key).is_some() || !key.contains('}')
+    keeps_tag(key).is_some()
+}
+
+/// How a name derived from `key` stays in `key`'s slot: `Some(true)` by keeping `key`'s own
+/// hash tag, `Some(false)` by making `key` the tag; `None` when neither can (no tag, and a
+/// `}` that would end one).
+fn keeps_tag(key: &str) -> Option<bool> {
+    if hash_tag(key).is_some() {
+        Some(true)
+    } else {
+        (!key.contains('}')).then_some(false)
+    }
 }
 
 /// `key` followed by `suffix`, in `key`'s slot: see [`fencing_key_for`].
 fn derived(key: &str, suffix: &str) -> Option<String> {
-    if hash_tag(key).is_some() {
-        Some(format!("{key}{suffix}"))
-    } else if key.contains('}') {
-        None
-    } else {
-        Some(format!("{{{key}}}{suffix}"))
-    }
+    Some(match keeps_tag(key)? {
+        true => format!("{key}{suffix}"),
+        false => format!("{{{key}}}{suffix}"),
+    })
 }
 
 /// The pub/sub channel on which releases of `key` are announced: the key's own name (pub/sub

@@ -26,6 +26,27 @@ fn slow_polling() -> Options {
 /// millisecond), far below the polling interval.
 const HANDED_WITHIN: Duration = Duration::from_millis(2_000);
 
+/// Locks `key` for 60 s on `env`'s client, without waiting.
+async fn hold(env: &Env, key: &str) -> Lock<ConnectionManager> {
+    env.client
+        .obtain(key, ms(60_000), &Options::default())
+        .await
+        .unwrap()
+}
+
+/// The lock `waiter` obtained within `within`.
+async fn handed(
+    within: Duration,
+    waiter: JoinHandle<Result<Lock<ConnectionManager>, lockset::Error>>,
+    what: &str,
+) -> Lock<ConnectionManager> {
+    timeout(within, waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {within:?}"))
+        .unwrap()
+        .unwrap()
+}
+
 /// Spawns an obtain of `key` for 60 s on `client`.
 fn wait_for(
     client: &Client<ConnectionManager>,
@@ -66,11 +87,7 @@ async fn queued_up_to(env: &Env, key: &str, n: i64) {
 #[tokio::test]
 async fn waiters_in_eight_clients_get_the_lock_in_arrival_order() {
     let env = Env::start().await;
-    let held = env
-        .client
-        .obtain("job", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let held = hold(&env, "job").await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
     for i in 0..8 {
@@ -102,21 +119,13 @@ async fn waiters_in_eight_clients_get_the_lock_in_arrival_order() {
 #[tokio::test]
 async fn a_release_hands_the_lock_to_the_waiter_without_a_race() {
     let env = Env::start().await;
-    let held = env
-        .client
-        .obtain("job", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let held = hold(&env, "job").await;
     let other = env.other_client().await;
     let waiter = wait_for(&other, "job", slow_polling().metadata("next"));
     queued_up_to(&env, "job", 1).await;
     let sets = env.calls("set").await;
     held.release().await.unwrap();
-    let lock = timeout(HANDED_WITHIN, waiter)
-        .await
-        .expect("handed over")
-        .unwrap()
-        .unwrap();
+    let lock = handed(HANDED_WITHIN, waiter, "handed over").await;
     assert_eq!(lock.metadata(), "next");
     // The lock went from one holder to the next in the release: the key never was free.
     let value = env.get("job").await.unwrap();
@@ -132,11 +141,7 @@ async fn a_release_hands_the_lock_to_the_waiter_without_a_race() {
 #[tokio::test]
 async fn a_cancelled_obtain_leaves_no_queue_entry() {
     let env = Env::start().await;
-    let held = env
-        .client
-        .obtain("job", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let held = hold(&env, "job").await;
     let other = env.other_client().await;
     let waiter = wait_for(&other, "job", slow_polling());
     queued_up_to(&env, "job", 1).await;
@@ -153,11 +158,7 @@ async fn a_cancelled_obtain_leaves_no_queue_entry() {
 #[tokio::test]
 async fn a_waiter_whose_deadline_passes_leaves_the_queue_at_once() {
     let env = Env::start().await;
-    let held = env
-        .client
-        .obtain("job", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let held = hold(&env, "job").await;
     let (first, second) = (env.other_client().await, env.other_client().await);
     let impatient = wait_for(&first, "job", slow_polling().timeout(ms(1_000)));
     queued_up_to(&env, "job", 1).await;
@@ -168,11 +169,7 @@ async fn a_waiter_whose_deadline_passes_leaves_the_queue_at_once() {
     first.background_idle().await;
     assert_eq!(queued(&env, "job").await, 1);
     held.release().await.unwrap();
-    let lock = timeout(HANDED_WITHIN, patient)
-        .await
-        .expect("the patient waiter is next")
-        .unwrap()
-        .unwrap();
+    let lock = handed(HANDED_WITHIN, patient, "the patient waiter is next").await;
     lock.release().await.unwrap();
 }
 
@@ -180,11 +177,7 @@ async fn a_waiter_whose_deadline_passes_leaves_the_queue_at_once() {
 async fn a_waiter_killed_mid_wait_stops_blocking_within_its_lease() {
     let env = Env::start().await;
     let lease = ms(1_000);
-    let held = env
-        .client
-        .obtain("job", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let held = hold(&env, "job").await;
     // The doomed waiter reaches the server through a proxy, which then goes silent: its
     // process is gone, and so is any clean-up it would send.
     let proxy = Proxy::start(env.server.port()).await;
@@ -213,11 +206,7 @@ async fn a_waiter_killed_mid_wait_stops_blocking_within_its_lease() {
 #[tokio::test]
 async fn a_hand_off_to_a_waiter_that_gives_up_is_passed_on() {
     let env = Env::start().await;
-    let held = env
-        .client
-        .obtain("job", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let held = hold(&env, "job").await;
     // The first waiter's commands go through a proxy that stalls after it queued: it hears
     // its hand-off (events go direct), but its confirmation hangs until its deadline.
     let proxy = Proxy::start(env.server.port()).await;
@@ -240,11 +229,7 @@ async fn a_hand_off_to_a_waiter_that_gives_up_is_passed_on() {
     // Its clean-up, once it gets through, releases what it was handed, to the next waiter.
     proxy.stall(false);
     let resumed = Instant::now();
-    let lock = timeout(HANDED_WITHIN * 2, second)
-        .await
-        .expect("passed on")
-        .unwrap()
-        .unwrap();
+    let lock = handed(HANDED_WITHIN * 2, second, "passed on").await;
     assert!(resumed.elapsed() < HANDED_WITHIN * 2);
     lock.release().await.unwrap();
     stalled.background_idle().await;
@@ -254,11 +239,7 @@ async fn a_hand_off_to_a_waiter_that_gives_up_is_passed_on() {
 #[tokio::test]
 async fn a_waiter_for_two_keys_does_not_hold_up_a_waiter_for_one_of_them() {
     let env = Env::start().await;
-    let held = env
-        .client
-        .obtain("b", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let held = hold(&env, "b").await;
     let other = env.other_client().await;
     let both = wait_for_keys(&other, vec!["a", "b"], slow_polling());
     queued_up_to(&env, "b", 1).await;
@@ -284,11 +265,7 @@ async fn a_waiter_for_two_keys_does_not_hold_up_a_waiter_for_one_of_them() {
     held.release().await.unwrap();
     assert!(env.get("a").await.unwrap().starts_with('!'));
     a.release().await.unwrap();
-    let lock = timeout(HANDED_WITHIN, both)
-        .await
-        .expect("both keys at once")
-        .unwrap()
-        .unwrap();
+    let lock = handed(HANDED_WITHIN, both, "both keys at once").await;
     // Both hold its value (maybe behind a waiter's mark).
     let (a, b) = (env.get("a").await.unwrap(), env.get("b").await.unwrap());
     assert_eq!(a.trim_start_matches('!'), b.trim_start_matches('!'));
@@ -302,16 +279,8 @@ async fn a_waiter_for_two_keys_does_not_hold_up_a_waiter_for_one_of_them() {
 async fn nested_obtains_do_not_deadlock_with_a_waiter_for_both_keys() {
     let env = Env::start().await;
     let (a, b) = ("{n}:a", "{n}:b");
-    let outer = env
-        .client
-        .obtain(a, ms(60_000), &Options::default())
-        .await
-        .unwrap();
-    let held_b = env
-        .client
-        .obtain(b, ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let outer = hold(&env, a).await;
+    let held_b = hold(&env, b).await;
     let other = env.other_client().await;
     // Blocked by "b" first: it marks the holder of "b".
     let both = wait_for_keys(&other, vec![b, a], slow_polling());
@@ -323,11 +292,7 @@ async fn nested_obtains_do_not_deadlock_with_a_waiter_for_both_keys() {
     let inner = env.client.obtain(b, ms(60_000), &quick).await.unwrap();
     inner.release().await.unwrap();
     outer.release().await.unwrap();
-    let lock = timeout(HANDED_WITHIN, both)
-        .await
-        .expect("handed on")
-        .unwrap()
-        .unwrap();
+    let lock = handed(HANDED_WITHIN, both, "handed on").await;
     lock.release().await.unwrap();
 }
 
@@ -335,35 +300,24 @@ async fn nested_obtains_do_not_deadlock_with_a_waiter_for_both_keys() {
 #[tokio::test]
 async fn a_key_and_its_braced_twin_are_handed_to_their_own_waiters() {
     let env = Env::start().await;
-    let plain = env
-        .client
-        .obtain("job", ms(60_000), &Options::default())
-        .await
-        .unwrap();
-    let braced = env
-        .client
-        .obtain("{job}", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let plain = hold(&env, "job").await;
+    let braced = hold(&env, "{job}").await;
     let (c1, c2) = (env.other_client().await, env.other_client().await);
     let for_braced = wait_for_keys(&c1, vec!["{job}"], slow_polling().metadata("braced"));
     queued_up_to(&env, "job", 1).await;
     let for_plain = wait_for_keys(&c2, vec!["job"], slow_polling().metadata("plain"));
     queued_up_to(&env, "job", 2).await;
     plain.release().await.unwrap();
-    let lock = timeout(HANDED_WITHIN, for_plain)
-        .await
-        .expect("handed to the waiter for \"job\"")
-        .unwrap()
-        .unwrap();
+    let lock = handed(HANDED_WITHIN, for_plain, "handed to the waiter for \"job\"").await;
     assert_eq!(lock.metadata(), "plain");
     lock.release().await.unwrap();
     braced.release().await.unwrap();
-    let lock = timeout(HANDED_WITHIN, for_braced)
-        .await
-        .expect("handed to the waiter for \"{job}\"")
-        .unwrap()
-        .unwrap();
+    let lock = handed(
+        HANDED_WITHIN,
+        for_braced,
+        "handed to the waiter for \"{job}\"",
+    )
+    .await;
     assert_eq!(lock.metadata(), "braced");
     lock.release().await.unwrap();
     assert_eq!(env.dbsize().await, 0);
@@ -374,11 +328,7 @@ async fn a_key_and_its_braced_twin_are_handed_to_their_own_waiters() {
 #[tokio::test]
 async fn a_short_lease_does_not_expire_the_queue_under_a_longer_one() {
     let env = Env::start().await;
-    let held = env
-        .client
-        .obtain("job", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let held = hold(&env, "job").await;
     let (c1, c2, c3) = (
         env.other_client().await,
         env.other_client().await,
@@ -404,18 +354,11 @@ async fn a_short_lease_does_not_expire_the_queue_under_a_longer_one() {
     let second = wait_for_keys(&c3, vec!["job"], slow_polling().metadata("second"));
     queued_up_to(&env, "job", 2).await;
     held.release().await.unwrap();
-    let lock = timeout(HANDED_WITHIN, first)
-        .await
-        .expect("the first waiter is next")
-        .unwrap()
-        .unwrap();
+    let lock = handed(HANDED_WITHIN, first, "the first waiter is next").await;
     assert_eq!(lock.metadata(), "first");
     lock.release().await.unwrap();
-    timeout(HANDED_WITHIN, second)
+    handed(HANDED_WITHIN, second, "then the second")
         .await
-        .expect("then the second")
-        .unwrap()
-        .unwrap()
         .release()
         .await
         .unwrap();
@@ -426,11 +369,7 @@ async fn a_short_lease_does_not_expire_the_queue_under_a_longer_one() {
 #[tokio::test]
 async fn a_waiter_that_started_over_hears_its_hand_off() {
     let env = Env::start().await;
-    let held = env
-        .client
-        .obtain("job", ms(60_000), &Options::default())
-        .await
-        .unwrap();
+    let held = hold(&env, "job").await;
     let proxy = Proxy::start(env.server.port()).await;
     let commands = lockset::redis::Client::open(proxy.url()).unwrap();
     let conn = ConnectionManager::new(commands).await.unwrap();
@@ -537,18 +476,11 @@ async fn a_release_of_several_keys_keeps_each_queues_order() {
         ])
         .await;
     held.release().await.unwrap();
-    let lock = timeout(HANDED_WITHIN, first)
-        .await
-        .expect("the first in line for b gets it")
-        .unwrap()
-        .unwrap();
+    let lock = handed(HANDED_WITHIN, first, "the first in line for b gets it").await;
     assert_eq!(lock.metadata(), "first");
     lock.release().await.unwrap();
-    timeout(HANDED_WITHIN, later)
+    handed(HANDED_WITHIN, later, "then the waiter for both")
         .await
-        .expect("then the waiter for both")
-        .unwrap()
-        .unwrap()
         .release()
         .await
         .unwrap();
