@@ -12,6 +12,10 @@
 --          waiter that finds a key held queues on every key (see queue.lua), or renews its
 --          lease; once it has the lock it leaves the queues
 -- ARGV[7]  for a fair waiter: its id
+-- ARGV[8]  for a fair waiter: this attempt's turn (1, 2, ... within one id). The waiter's
+--          record keeps the turn that last queued or renewed it, and a hand-off names it:
+--          that attempt was sent before the hand-off, which is where the new holder's
+--          validity starts (see src/fair.rs)
 --
 -- Reply: {1, fence}     every key is ours, with the counter's new value (false without fencing)
 --        {0, pttl, i}  KEYS[i] is held by another owner, for pttl more ms (-1: no expiry);
@@ -35,7 +39,7 @@ if ARGV[4] == '1' then
   counter = KEYS[count]
   count = count - 1
 end
-local lease, id = ARGV[6], ARGV[7]
+local lease, id, turn = ARGV[6], ARGV[7], ARGV[8]
 local fair = lease ~= nil and lease ~= ''
 
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
@@ -138,20 +142,22 @@ end
 -- keys' queues may share a name: "job" and "{job}").
 local function queue_up(blocked)
   local keys = lock_keys()
-  if redis.call('PEXPIRE', member, lease) == 1 then
-    redis.call('HSET', member, 'l', blocked)
-  else
-    redis.call('HSET', member, 'v', value, 't', ttl, 'i', id, 'n', count, 'l', blocked)
-    -- The keys, in chunks (unpack() has a limit).
+  -- A first turn has no record yet; a later one renews it, unless it lapsed.
+  if turn == '1' or redis.call('PEXPIRE', member, lease) == 0 then
+    -- One HSET with the first chunk of keys, one more per further chunk (unpack() has a
+    -- limit).
+    local fields = {'v', value, 't', ttl, 'i', id, 'n', count, 'l', blocked, 's', turn}
     for first = 1, count, CHUNK do
-      local fields = {}
       for j = first, math.min(first + CHUNK - 1, count) do
         fields[#fields + 1] = j
         fields[#fields + 1] = keys[j]
       end
       redis.call('HSET', member, unpack(fields))
+      fields = {}
     end
     redis.call('PEXPIRE', member, lease)
+  else
+    redis.call('HSET', member, 'l', blocked, 's', turn)
   end
   local now = redis.call('TIME')
   local arrival = tonumber(now[1]) * 1000000 + tonumber(now[2])

@@ -66,22 +66,27 @@ end
 
 -- Hands MEMBER, a live waiter whose lease has LEFT ms to run, every key in KEYS (all free)
 -- for its TTL, but no longer than its lease: a waiter that died since it last renewed holds
--- the keys no longer than that. It learns of it on its channel, and makes it its own by a
--- confirming obtain (see src/policy.rs). LISTEN: the key on whose release channel it
--- listens.
-local function grant(member, record, keys, left, listen)
-  local value, id = record[1], record[3]
+-- the keys no longer than that. LISTEN: the key on whose release channel it listens, where
+-- it is told "g<id>:<turn>:<ms>": the keys are its own for <ms> from this moment, which
+-- came after it sent attempt <turn> (the last to queue or renew it), so they are its own
+-- for <ms> from when it sent that attempt at least (see src/fair.rs). OTHERS: whether
+-- others wait for KEY, the key being released; the queues of its other keys are looked at.
+local function grant(member, record, keys, left, listen, key, others)
+  local value, id, turn = record[1], record[3], record[6]
   local px = math.min(tonumber(record[2]), left)
   for j = 1, #keys do
     local queue = queue_of(keys[j])
     redis.call('ZREM', queue, member)
     -- A key others queue for is marked, so that its release hands it on.
-    local others = redis.call('EXISTS', queue) == 1
-    redis.call('SET', keys[j], others and '!' .. value or value, 'PX', px)
+    local marked = others
+    if keys[j] ~= key then
+      marked = redis.call('EXISTS', queue) == 1
+    end
+    redis.call('SET', keys[j], marked and '!' .. value or value, 'PX', px)
   end
   redis.call('DEL', member)
   if notice ~= '' then
-    redis.pcall(notice, listen, 'g' .. id)
+    redis.pcall(notice, listen, 'g' .. id .. ':' .. turn .. ':' .. px)
   end
 end
 
@@ -123,14 +128,15 @@ local function hand_off(key)
     return true
   end
   local members = redis.call('ZRANGE', queue, 0, LOOK_AT_MOST - 1)
+  local waiting_before = false  -- a live waiter was passed over
   for m = 1, #members do
     local member = members[m]
-    local record = redis.call('HMGET', member, 'v', 't', 'i', 'n', 'l', 1)
+    local record = redis.call('HMGET', member, 'v', 't', 'i', 'n', 'l', 's', 1)
     local left = record[1] and redis.call('PTTL', member) or -2
     if left <= 0 then
       redis.call('ZREM', queue, member)
     else
-      local keys = keys_of(member, tonumber(record[4]), record[6])
+      local keys = keys_of(member, tonumber(record[4]), record[7])
       -- Another key's queue may share this one's name ("job" and "{job}"): only a waiter
       -- for KEY itself may have it.
       local wants = false
@@ -139,19 +145,26 @@ local function hand_off(key)
       for j = 1, #keys do
         if keys[j] == key then
           wants = true
-        elseif released[keys[j]] then
-          behind = behind or live_head(queue_of(keys[j])) ~= member
         else
+          -- A key this release freed may have gone to another waiter already, with a key
+          -- handed on before this one: it is held then, as any other.
           local current = redis.pcall('GET', keys[j])
           if current then
             held[#held + 1] = {keys[j], current}
+          elseif released[keys[j]] then
+            behind = behind or live_head(queue_of(keys[j])) ~= member
           end
         end
       end
       if wants and not behind and #held == 0 then
-        grant(member, record, keys, left, keys[tonumber(record[5])] or key)
+        -- Others wait for KEY: live waiters passed over, or entries not looked at yet
+        -- (a dead one among them costs the next release a look).
+        local others = waiting_before or m < #members or #members == LOOK_AT_MOST
+        grant(member, record, keys, left, keys[tonumber(record[5])] or key, key, others)
         return true
-      elseif wants and first_in_all(member, keys) then
+      end
+      waiting_before = true
+      if wants and first_in_all(member, keys) then
         for j = 1, #held do
           local current = held[j][2]
           if type(current) == 'string' and ours_to_mark(current) then
@@ -176,22 +189,27 @@ if announce == 'SPUBLISH' and not redis7 then
   announce = 'PUBLISH'
 end
 
--- Hands on, or else announces the release of, each key in `keys` (after every key was
--- deleted).
-local function announce_all(keys)
+-- Hands on, or else announces the release of, each key in `keys`; deletes one that is not
+-- handed on first when DELETE (else every key was deleted already). Nobody sees the order
+-- of the steps within this script.
+local function announce_all(keys, delete)
   for i = 1, #keys do
-    if not hand_off(keys[i]) and announce ~= '' then
-      -- A key's release channel is named like the key (a separate namespace), which keeps
-      -- it in the key's cluster slot for sharded pub/sub at no cost.
-      redis.pcall(announce, keys[i], payload)
+    if not hand_off(keys[i]) then
+      if delete then
+        redis.call('DEL', keys[i])
+      end
+      if announce ~= '' then
+        -- A key's release channel is named like the key (a separate namespace), which
+        -- keeps it in the key's cluster slot for sharded pub/sub at no cost.
+        redis.pcall(announce, keys[i], payload)
+      end
     end
   end
 end
 
--- Next, a single key that holds our value behind a waiter's mark.
+-- Next, a single key that holds our value behind a waiter's mark: a hand-off overwrites it.
 if single == '!' .. value then
-  redis.call('DEL', KEYS[1])
-  announce_all(KEYS)
+  announce_all(KEYS, true)
   return 1
 end
 
@@ -232,5 +250,5 @@ for first = 1, count, CHUNK do
   redis.call('DEL', unpack(KEYS, first, math.min(first + CHUNK - 1, count)))
 end
 
-announce_all(marked)
+announce_all(marked, false)
 return 1

@@ -14,7 +14,7 @@ use tracing::Instrument as _;
 use crate::backend::Backend;
 use crate::error::{Error, InvalidInput, Result, is_outcome_unknown};
 use crate::events::Events;
-use crate::fair::Fair;
+use crate::fair::{Fair, Stint};
 use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
 use crate::mode::{self, Mode, Modes};
@@ -455,6 +455,7 @@ where
             ttl,
             fence: None,
             valid_until: sent.checked_add(valid_for).unwrap_or(sent),
+            extend_at: None,
             stragglers: Vec::new(),
         };
         Ok(Lock::new(self.inner.clone(), obtained))
@@ -540,6 +541,7 @@ where
             fence: won.fence,
             valid_until: won.valid_until,
             stragglers: won.stragglers,
+            extend_at: won.extend_at,
         };
         Ok(Lock::new(self.inner.clone(), obtained))
     }
@@ -661,6 +663,8 @@ struct Won {
     fence: Option<u64>,
     valid_until: Instant,
     stragglers: Stragglers,
+    /// When to extend a lock handed for less than its TTL (see [`Obtained::extend_at`]).
+    extend_at: Option<Instant>,
 }
 
 impl<C> Attempt<'_, C>
@@ -679,6 +683,10 @@ where
     async fn run(&self, how: Try) -> Step<Won> {
         // A fair obtain keeps its token while it queues (see `fair.rs`).
         let stint = self.fair.map(Fair::stint);
+        if let Some(won) = self.take_handed(stint.as_ref()) {
+            return Step::Done(won);
+        }
+        let ticket = stint.as_ref().map(|stint| stint.sending());
         let owner = match (self.custom, &stint) {
             (Some(owner), _) => Cow::Borrowed(owner),
             (None, Some(stint)) => Cow::Borrowed(&stint.owner),
@@ -692,7 +700,7 @@ where
             ttl: self.ttl,
             counter: self.counter,
             modes: self.modes,
-            ticket: stint.as_ref().map(|stint| &stint.ticket),
+            ticket: ticket.as_ref(),
         };
         let random = self.custom.is_none();
         let sent = Instant::now();
@@ -722,6 +730,7 @@ where
                     fence,
                     valid_until,
                     stragglers,
+                    extend_at: None,
                 })
             }
             Ok(Obtain::Held { ttl, key, queued }) => Step::Held(Held { ttl, key, queued }),
@@ -730,6 +739,39 @@ where
             }
             Err(err) => Step::from_error(err),
         }
+    }
+}
+
+impl<C> Attempt<'_, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The lock a release handed to `stint` and told it of, taken as it is, with nothing
+    /// sent: its keys hold the stint's value for the time the hand-off gave, counted from
+    /// when the attempt it names was sent (see [`Stint::handed_until`]). When less than its
+    /// TTL, it is extended in the background halfway through, unless released before.
+    /// `None` when there is none, or not enough of it is left (less than half of what was
+    /// handed, or of the TTL): then an attempt makes the keys its own for the full TTL, if
+    /// they still are. With fencing, too: the attempt mints the fencing token.
+    fn take_handed(&self, stint: Option<&Arc<Stint>>) -> Option<Won> {
+        let (fair, stint) = (self.fair?, stint?);
+        let handed = fair.take_handed()?;
+        let drift = self.client.backend().drift(handed.ttl);
+        let until = stint.handed_until(&handed)?.checked_sub(drift)?;
+        let ttl = self.ttl.duration;
+        let now = Instant::now();
+        let left = until.saturating_duration_since(now);
+        if self.counter.is_some() || left < handed.ttl.min(ttl) / 2 {
+            return None;
+        }
+        Some(Won {
+            owner: stint.owner.clone(),
+            ttl: self.ttl,
+            fence: None,
+            valid_until: until,
+            stragglers: Vec::new(),
+            extend_at: (handed.ttl < ttl).then(|| now + left / 2),
+        })
     }
 }
 

@@ -52,6 +52,8 @@ use redis::{PushInfo, PushKind, RedisError, RedisResult, Value};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+use crate::request::Handed;
+
 /// Channels nobody waits for stay subscribed this long, for the next waiter.
 const IDLE: Duration = Duration::from_secs(1);
 /// How often idle channels are looked for.
@@ -150,7 +152,14 @@ struct Channel {
     /// Payloads of this client's releases handed over locally, still to be announced.
     expected: Vec<(Box<[u8]>, Instant)>,
     /// Fair waiters, by id: a release that hands one the lock tells it by name.
-    grants: HashMap<Box<[u8]>, Arc<Notify>>,
+    grants: HashMap<Box<[u8]>, Arc<Grant>>,
+}
+
+/// Where a release's hand-off to one fair waiter lands: what it was handed, and its wake-up.
+#[derive(Default)]
+struct Grant {
+    handed: Mutex<Option<Handed>>,
+    notify: Notify,
 }
 
 impl Channel {
@@ -360,10 +369,10 @@ impl Events {
             self.inner.watched.fetch_add(1, Ordering::Relaxed);
         }
         let grant = grant.map(|id| {
-            let notify = Arc::new(Notify::new());
+            let grant = Arc::new(Grant::default());
             let id: Box<[u8]> = id.as_bytes().into();
-            entry.grants.insert(id.clone(), notify.clone());
-            (id, notify)
+            entry.grants.insert(id.clone(), grant.clone());
+            (id, grant)
         });
         Subscription {
             events: self.clone(),
@@ -622,9 +631,12 @@ impl Inner {
                 return;
             }
             // A hand-off: it wakes the waiter it names, if it is one of ours.
-            if let Some(id) = payload.strip_prefix(b"g") {
-                if let Some(granted) = entry.grants.get(id) {
-                    granted.notify_one();
+            if payload.starts_with(b"g") {
+                if let Some(handed) = Handed::parse(payload)
+                    && let Some(grant) = entry.grants.get(handed.id.as_bytes())
+                {
+                    *lock(&grant.handed) = Some(handed);
+                    grant.notify.notify_one();
                 }
                 return;
             }
@@ -723,8 +735,8 @@ pub(crate) struct Subscription {
     /// last made an attempt.
     wakes: Arc<AtomicU64>,
     seen: AtomicU64,
-    /// A fair waiter's id, and what a hand-off to it wakes.
-    grant: Option<(Box<[u8]>, Arc<Notify>)>,
+    /// A fair waiter's id, and where a hand-off to it lands.
+    grant: Option<(Box<[u8]>, Arc<Grant>)>,
 }
 
 impl Subscription {
@@ -734,7 +746,7 @@ impl Subscription {
     pub(crate) async fn released(&self) {
         let granted = async {
             match &self.grant {
-                Some((_, granted)) => granted.notified().await,
+                Some((_, grant)) => grant.notify.notified().await,
                 None => std::future::pending().await,
             }
         };
@@ -742,6 +754,13 @@ impl Subscription {
             () = self.notify.notified() => self.woken.store(true, Ordering::Relaxed),
             () = granted => {}
         }
+    }
+
+    /// The hand-off to this (fair) waiter it was told of, if any (once).
+    pub(crate) fn handed(&self) -> Option<Handed> {
+        self.grant
+            .as_ref()
+            .and_then(|(_, grant)| lock(&grant.handed).take())
     }
 
     /// The waiter is about to make an attempt: wake-ups until now are for releases it sees.

@@ -6,28 +6,65 @@
 //! background, releases and leaves by the old token and id, and must not touch the new).
 //! An obtain that ends without the lock leaves its queues, also when it is cancelled.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::events::{lock, release_payload};
-use crate::request::{Claim, OwnedClaim, Ticket, Ttl};
+use crate::request::{Claim, Handed, OwnedClaim, Ticket, Ttl};
 use crate::value::Owner;
+
+/// How many of a stint's latest attempts it remembers the send time of: a hand-off names
+/// the last one that queued or renewed it, which is one of the latest (attempts are made
+/// one after another).
+const REMEMBERED_TURNS: usize = 8;
 
 /// The token and queue entry of a run of attempts.
 pub(crate) struct Stint {
     pub(crate) owner: Owner,
-    pub(crate) ticket: Ticket,
+    id: String,
+    lease: Ttl,
+    /// The latest attempts' turns and when each was sent, the newest last.
+    sent: Mutex<VecDeque<(u64, Instant)>>,
 }
 
 impl Stint {
     fn new(lease: Ttl) -> Arc<Self> {
         Arc::new(Self {
             owner: Owner::random(),
-            ticket: Ticket {
-                id: release_payload(),
-                lease,
-            },
+            id: release_payload(),
+            lease,
+            sent: Mutex::new(VecDeque::with_capacity(REMEMBERED_TURNS)),
         })
+    }
+
+    /// The ticket of an attempt sent now: the next turn, whose send time is remembered.
+    pub(crate) fn sending(&self) -> Ticket {
+        let mut sent = lock(&self.sent);
+        let turn = sent.back().map_or(1, |(turn, _)| turn + 1);
+        if sent.len() == REMEMBERED_TURNS {
+            sent.pop_front();
+        }
+        sent.push_back((turn, Instant::now()));
+        Ticket {
+            id: self.id.clone(),
+            lease: self.lease,
+            turn,
+        }
+    }
+
+    /// Until when the lock `handed` to this stint is its own: from when the attempt it names
+    /// was sent (the hand-off came later), for the time the hand-off gave. `None` when it
+    /// was handed to another stint's id, or that attempt is not remembered.
+    pub(crate) fn handed_until(&self, handed: &Handed) -> Option<Instant> {
+        if handed.id != self.id {
+            return None;
+        }
+        let sent = lock(&self.sent);
+        let (_, at) = sent.iter().find(|(turn, _)| *turn == handed.turn)?;
+        at.checked_add(handed.ttl)
     }
 }
 
@@ -38,6 +75,8 @@ pub(crate) struct Fair {
     /// The claim of the last stint that queued, until the obtain wins: it leaves its queues
     /// (and releases what it was handed) when the obtain ends without the lock.
     queued: Mutex<Option<Arc<OwnedClaim>>>,
+    /// A hand-off this obtain was told of and has not taken yet.
+    handed: Mutex<Option<Handed>>,
 }
 
 impl Fair {
@@ -46,7 +85,18 @@ impl Fair {
             lease,
             stint: Mutex::new(Stint::new(lease)),
             queued: Mutex::new(None),
+            handed: Mutex::new(None),
         }
+    }
+
+    /// A release handed the lock to this obtain (to one of its stints) and told it so.
+    pub(crate) fn handed(&self, handed: Handed) {
+        *lock(&self.handed) = Some(handed);
+    }
+
+    /// The hand-off told of and not taken yet, if any.
+    pub(crate) fn take_handed(&self) -> Option<Handed> {
+        lock(&self.handed).take()
     }
 
     /// The token and queue entry attempts use now.
@@ -56,7 +106,7 @@ impl Fair {
 
     /// The id of the queue entry attempts use now: hand-off notices name it.
     pub(crate) fn id(&self) -> String {
-        lock(&self.stint).ticket.id.clone()
+        lock(&self.stint).id.clone()
     }
 
     /// How long the queue entry lasts without renewal.

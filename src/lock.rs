@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use tokio::sync::watch;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
@@ -38,10 +39,18 @@ pub struct Lock<C> {
     metadata: String,
     ttl: Ttl,
     fence: Option<u64>,
-    validity: Mutex<Validity>,
+    /// Shared with the extension of a handed lock (see [`Lock::extend_later`]).
+    validity: Arc<Mutex<Validity>>,
     /// Redlock: per-master work still finishing after an obtain or refresh was decided.
     stragglers: Mutex<Stragglers>,
+    /// The pending extension of a lock handed to a fair waiter, stopped by release or drop.
+    extension: Option<AbortHandle>,
 }
+
+/// Why the extension of a handed lock failed, for the log.
+const HANDED_LOST: &str = "its extension after a hand-off found its keys gone or taken over";
+const HANDED_UNEXTENDED: &str =
+    "extending a lock after a hand-off failed; it stays valid as long as the hand-off said";
 
 /// Until when the lock is known to be valid.
 ///
@@ -122,6 +131,9 @@ pub(crate) struct Obtained {
     /// When the successful attempt was sent, plus the TTL, less any drift allowance.
     pub(crate) valid_until: Instant,
     pub(crate) stragglers: Stragglers,
+    /// A lock handed to a fair waiter for less than its TTL: when to extend it to the TTL,
+    /// unless it was released or refreshed before.
+    pub(crate) extend_at: Option<Instant>,
 }
 
 impl<C> Lock<C>
@@ -129,7 +141,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     pub(crate) fn new(shared: Arc<Shared<C>>, obtained: Obtained) -> Self {
-        Self {
+        let mut lock = Self {
             shared,
             keys: obtained.keys,
             modes: obtained.modes,
@@ -137,16 +149,50 @@ where
             metadata: obtained.metadata,
             ttl: obtained.ttl,
             fence: obtained.fence,
-            validity: Mutex::new(Validity {
+            validity: Arc::new(Mutex::new(Validity {
                 until: obtained.valid_until,
                 basis: 0,
                 sent: 0,
                 unconfirmed: Vec::new(),
                 lost: false,
                 signal: None,
-            }),
+            })),
             stragglers: Mutex::new(obtained.stragglers),
+            extension: None,
+        };
+        if let Some(at) = obtained.extend_at {
+            lock.extension = lock.extend_later(at);
         }
+        lock
+    }
+
+    /// Extends a lock handed to a fair waiter to its own TTL at `at`, in the background,
+    /// unless it was released, lost or refreshed by then: a hand-off gives the keys no
+    /// longer than the waiter's lease (a waiter that died must not block them for long), and
+    /// the validity counts from before the hand-off. A lock released sooner costs nothing.
+    fn extend_later(&self, at: Instant) -> Option<AbortHandle> {
+        let shared = self.shared.clone();
+        let validity = self.validity.clone();
+        let claim = self
+            .claim(&self.owner.value(&self.metadata), self.ttl)
+            .to_shared();
+        let task = self.shared.tasks().spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let untouched = {
+                let validity = lock_validity(&validity);
+                !validity.lost && validity.sent == 0
+            };
+            if untouched {
+                let claim = claim.claim();
+                let (refreshed, _) = refresh_keys(&shared, &validity, &claim).await;
+                match refreshed {
+                    Ok(false) => found_lost(&validity, &claim, HANDED_LOST),
+                    Err(err) => tracing::warn!(%err, "{HANDED_UNEXTENDED}"),
+                    Ok(true) => {}
+                }
+            }
+        });
+        task.map(|task| task.abort_handle())
     }
 
     /// The first key of the lock.
@@ -224,8 +270,7 @@ where
     }
 
     fn validity(&self) -> MutexGuard<'_, Validity> {
-        // Validity is a plain value: a panic while holding the lock cannot corrupt it.
-        self.validity.lock().unwrap_or_else(PoisonError::into_inner)
+        lock_validity(&self.validity)
     }
 
     /// What this lock claims, with its TTL (or a new one, for a refresh).
@@ -270,8 +315,7 @@ where
 
     /// The moment `sent` plus `ttl`, less the backend's drift allowance.
     fn valid_for(&self, sent: Instant, ttl: Duration) -> Instant {
-        let valid_for = ttl.saturating_sub(self.shared.backend().drift(ttl));
-        sent.checked_add(valid_for).unwrap_or(sent)
+        valid_for(&self.shared, sent, ttl)
     }
 
     /// The remaining time of the lock: the smallest remaining TTL across its keys, capped
@@ -347,25 +391,12 @@ where
 
     /// One refresh attempt; keeps the validity up to date.
     pub(crate) async fn refresh_once(&self, ttl: Ttl) -> Result<bool> {
-        let sent = Instant::now();
-        let until = self.valid_for(sent, ttl.duration);
-        let seq = {
-            let mut validity = self.validity();
-            if validity.until <= sent {
-                validity.lost();
-                return Ok(false);
-            }
-            validity.sending(until)
-        };
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, ttl);
-        let (refreshed, stragglers) = self.shared.backend().refresh(&claim).await;
+        let (refreshed, stragglers) = refresh_keys(&self.shared, &self.validity, &claim).await;
         self.keep(stragglers);
-        match &refreshed {
-            Ok(true) => self.validity().confirmed(seq, until),
-            Ok(false) => self.found_lost("a refresh found its keys gone or taken over"),
-            // It may have run (on some masters): the cap taken when sending stays.
-            Err(_) => {}
+        if let Ok(false) = refreshed {
+            self.found_lost("a refresh found its keys gone or taken over");
         }
         refreshed
     }
@@ -465,15 +496,73 @@ where
 
     /// Marks the lock lost, with a warning the first time it is found lost.
     pub(crate) fn found_lost(&self, why: &str) {
-        let first = {
-            let mut validity = self.validity();
-            let first = !validity.lost;
-            validity.lost();
-            first
-        };
-        if first {
-            tracing::warn!(keys = self.keys.len(), key = %self.key(), "lock lost: {why}");
+        let value = self.owner.value(&self.metadata);
+        found_lost(&self.validity, &self.claim(&value, self.ttl), why);
+    }
+}
+
+impl<C> Drop for Lock<C> {
+    fn drop(&mut self) {
+        if let Some(extension) = &self.extension {
+            extension.abort();
         }
+    }
+}
+
+fn lock_validity(validity: &Mutex<Validity>) -> MutexGuard<'_, Validity> {
+    // Validity is a plain value: a panic while holding the lock cannot corrupt it.
+    validity.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The moment `sent` plus `ttl`, less the backend's drift allowance.
+fn valid_for<C>(shared: &Shared<C>, sent: Instant, ttl: Duration) -> Instant
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let valid_for = ttl.saturating_sub(shared.backend().drift(ttl));
+    sent.checked_add(valid_for).unwrap_or(sent)
+}
+
+/// Refreshes the keys of `claim` once, to its TTL, keeping `validity` up to date; nothing is
+/// sent once the validity ran out (the keys may have been someone else's in between).
+async fn refresh_keys<C>(
+    shared: &Shared<C>,
+    validity: &Mutex<Validity>,
+    claim: &Claim<'_>,
+) -> (Result<bool>, Stragglers)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let sent = Instant::now();
+    let until = valid_for(shared, sent, claim.ttl.duration);
+    let seq = {
+        let mut validity = lock_validity(validity);
+        if validity.until <= sent {
+            validity.lost();
+            return (Ok(false), Vec::new());
+        }
+        validity.sending(until)
+    };
+    let (refreshed, stragglers) = shared.backend().refresh(claim).await;
+    // Not confirmed: lost (the caller says so), or it may have run (on some masters): the
+    // cap taken when sending stays.
+    if let Ok(true) = &refreshed {
+        lock_validity(validity).confirmed(seq, until);
+    }
+    (refreshed, stragglers)
+}
+
+/// Marks a lock lost, with a warning the first time it is found lost.
+fn found_lost(validity: &Mutex<Validity>, claim: &Claim<'_>, why: &str) {
+    let first = {
+        let mut validity = lock_validity(validity);
+        let first = !validity.lost;
+        validity.lost();
+        first
+    };
+    if first {
+        let key = claim.keys.first().map_or("", String::as_str);
+        tracing::warn!(keys = claim.keys.len(), %key, "lock lost: {why}");
     }
 }
 

@@ -216,10 +216,13 @@ impl<'a> Waiter<'a> {
         }
     }
 
-    /// An attempt is about to be made.
+    /// An attempt is about to be made: it may take a hand-off this (fair) waiter was told of.
     fn attempting(&self) {
         for subscription in &self.listening {
             subscription.attempting();
+            if let (Some(fair), Some(handed)) = (self.fair, subscription.handed()) {
+                fair.handed(handed);
+            }
         }
     }
 

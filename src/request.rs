@@ -42,11 +42,37 @@ pub(crate) struct Claim<'a> {
 }
 
 /// A fair waiter's place in the queues of its keys (see `lua/queue.lua`): its id, unique to
-/// one run of attempts with one token, and the lease it renews while it waits.
+/// one run of attempts with one token, the lease it renews while it waits, and the turn of
+/// the attempt that sends it (1, 2, ... under one id).
 #[derive(Clone, Debug)]
 pub(crate) struct Ticket {
     pub(crate) id: String,
     pub(crate) lease: Ttl,
+    pub(crate) turn: u64,
+}
+
+/// A release handed a fair waiter its lock, and told it so: `g<id>:<turn>:<ms>` on its
+/// channel. The keys hold the value of waiter `id` for `ms` from the hand-off, which came
+/// after the waiter sent its attempt `turn` (see `lua/release.lua`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Handed {
+    pub(crate) id: String,
+    pub(crate) turn: u64,
+    pub(crate) ttl: Duration,
+}
+
+impl Handed {
+    /// The hand-off a notice's payload tells of; `None` when it is not one.
+    pub(crate) fn parse(payload: &[u8]) -> Option<Self> {
+        let payload = std::str::from_utf8(payload.strip_prefix(b"g")?).ok()?;
+        let mut parts = payload.splitn(3, ':');
+        let (id, turn, ms) = (parts.next()?, parts.next()?, parts.next()?);
+        Some(Self {
+            id: id.to_owned(),
+            turn: turn.parse().ok()?,
+            ttl: Duration::from_millis(ms.parse().ok()?),
+        })
+    }
 }
 
 impl Claim<'_> {

@@ -223,7 +223,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             claim.ttl.millis,
             u8::from(claim.counter.is_some()),
             u8::from(mark_holder),
-            queue.map(|ticket| (ticket.lease.millis, ticket.id.as_str())),
+            queue.map(|ticket| (ticket.lease.millis, ticket.id.as_str(), ticket.turn)),
         );
         let reply = self
             .invoke(&scripts::OBTAIN, claim.keys, claim.counter, args)

@@ -123,17 +123,32 @@ async fn a_release_hands_the_lock_to_the_waiter_without_a_race() {
     let other = env.other_client().await;
     let waiter = wait_for(&other, "job", slow_polling().metadata("next"));
     queued_up_to(&env, "job", 1).await;
-    let sets = env.calls("set").await;
+    let (sets, evals) = (env.calls("set").await, env.calls("evalsha").await);
     held.release().await.unwrap();
     let lock = handed(HANDED_WITHIN, waiter, "handed over").await;
     assert_eq!(lock.metadata(), "next");
     // The lock went from one holder to the next in the release: the key never was free.
     let value = env.get("job").await.unwrap();
     assert!(value.ends_with("next"), "{value}");
-    // One SET by the release's hand-off, and the waiter's confirmation: no SET NX race.
-    assert!(env.calls("set").await - sets <= 3);
-    // Its validity counts from its confirmation: the full TTL, not less.
-    assert!(lock.valid_until() > Instant::now() + ms(50_000));
+    // One SET, by the release's hand-off; the waiter took it as it was told: no attempt
+    // after it, no SET NX race.
+    assert_eq!(env.calls("set").await - sets, 1);
+    assert_eq!(env.calls("evalsha").await - evals, 1);
+    // The hand-off gave the key for the waiter's lease (2 s), and the validity counts from
+    // before the hand-off: never more than the server's TTL.
+    let asked = Instant::now();
+    let left: u64 = env.cmd(&["PTTL", "job"]).await;
+    assert!(lock.valid_until() <= asked + ms(left + 1));
+    assert!(lock.valid_until() > Instant::now() + ms(500));
+    // Halfway through, it is extended to its own TTL in the background.
+    eventually(ms(10_000), "extended to the full TTL", async || {
+        env.cmd::<u64>(&["PTTL", "job"]).await > 50_000
+    })
+    .await;
+    eventually(ms(10_000), "valid for the full TTL", async || {
+        lock.valid_until() > Instant::now() + ms(50_000)
+    })
+    .await;
     lock.release().await.unwrap();
     assert_eq!(env.dbsize().await, 0);
 }
@@ -207,13 +222,12 @@ async fn a_waiter_killed_mid_wait_stops_blocking_within_its_lease() {
 async fn a_hand_off_to_a_waiter_that_gives_up_is_passed_on() {
     let env = Env::start().await;
     let held = hold(&env, "job").await;
-    // The first waiter's commands go through a proxy that stalls after it queued: it hears
-    // its hand-off (events go direct), but its confirmation hangs until its deadline.
+    // The first waiter is cut off behind a proxy that stalls after it queued: it is handed
+    // the lock, but does not hear of it before its deadline.
     let proxy = Proxy::start(env.server.port()).await;
-    let commands = lockset::redis::Client::open(proxy.url()).unwrap();
-    let conn = ConnectionManager::new(commands).await.unwrap();
-    let events = lockset::redis::Client::open(env.server.url()).unwrap();
-    let stalled = Client::new(conn).with_release_events(events).unwrap();
+    let server = lockset::redis::Client::open(proxy.url()).unwrap();
+    let conn = ConnectionManager::new(server.clone()).await.unwrap();
+    let stalled = Client::new(conn).with_release_events(server).unwrap();
     let first = wait_for(&stalled, "job", slow_polling().timeout(ms(1_500)));
     queued_up_to(&env, "job", 1).await;
     let other = env.other_client().await;
@@ -484,4 +498,34 @@ async fn a_release_of_several_keys_keeps_each_queues_order() {
         .release()
         .await
         .unwrap();
+}
+
+/// A release of `{a, b}` hands `a` to the first waiter for it; `b`'s first waiter also
+/// wants `a`, and is next in `a`'s queue: it must not be handed `a` in the same release
+/// (two holders of `a`), but wait for the first to release it.
+#[tokio::test]
+async fn one_release_never_hands_a_key_to_two_waiters() {
+    let env = Env::start().await;
+    let held = env
+        .client
+        .obtain_multi(["{o}:a", "{o}:b"], ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let (c1, c2) = (env.other_client().await, env.other_client().await);
+    let first = wait_for_keys(&c1, vec!["{o}:a"], slow_polling().metadata("first"));
+    queued_up_to(&env, "{o}:a", 1).await;
+    // Held at b first: it queues on b (first there) and on a (second).
+    let second = wait_for_keys(&c2, vec!["{o}:b", "{o}:a"], slow_polling());
+    queued_up_to(&env, "{o}:a", 2).await;
+    held.release().await.unwrap();
+    let lock = handed(HANDED_WITHIN, first, "a goes to its first waiter").await;
+    assert_eq!(lock.metadata(), "first");
+    assert!(env.get("{o}:a").await.unwrap().ends_with("first"));
+    lock.release().await.unwrap();
+    handed(HANDED_WITHIN, second, "then both go to the second")
+        .await
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(env.dbsize().await, 0);
 }
