@@ -24,7 +24,10 @@
 //! script doing MSETNX plus one PEXPIRE per key, and releases with MGET, compare, DEL.
 //!
 //! Every result carries the server commands per operation, from `INFO commandstats` (script
-//! calls and the commands they run both count): the work each lock costs the server.
+//! calls and the commands they run both count): the work each lock costs the server; and
+//! the requests per operation, counted as each client sends them (a script call is one),
+//! plus the pub/sub requests from `INFO commandstats`: the round trips each lock costs its
+//! clients.
 
 #[path = "../tests/support/server.rs"]
 mod server;
@@ -35,8 +38,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
-use lockset::redis::aio::MultiplexedConnection;
-use lockset::redis::{self, Cmd, Script};
+use lockset::redis::aio::{ConnectionLike, MultiplexedConnection};
+use lockset::redis::{self, Cmd, Pipeline, RedisFuture, Script, Value};
 use lockset::{Client, Mode, Options, Retry};
 use rand::Rng as _;
 use tokio::sync::Mutex;
@@ -104,6 +107,8 @@ struct Sample {
     violations: u64,
     /// Server commands run during the round.
     commands: u64,
+    /// Requests clients sent during the round.
+    requests: u64,
     /// Acquisitions per task (W2).
     per_task: Vec<u64>,
 }
@@ -116,6 +121,7 @@ impl Sample {
         self.handoffs_us.extend(other.handoffs_us);
         self.violations += other.violations;
         self.commands += other.commands;
+        self.requests += other.requests;
         if self.per_task.len() < other.per_task.len() {
             self.per_task.resize(other.per_task.len(), 0);
         }
@@ -136,10 +142,38 @@ impl Sample {
     }
 }
 
+/// Requests sent by every client of the bench (both implementations; one runs at a time).
+static REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+/// A connection that counts the requests sent through it (a pipeline counts each command).
+#[derive(Clone)]
+struct Counted(MultiplexedConnection);
+
+impl ConnectionLike for Counted {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        REQUESTS.fetch_add(1, Ordering::Relaxed);
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        REQUESTS.fetch_add(pipeline.len() as u64, Ordering::Relaxed);
+        self.0.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+}
+
 /// The raw baseline's connection, with its scripts loaded.
 #[derive(Clone)]
 struct Raw {
-    conn: MultiplexedConnection,
+    conn: Counted,
     release_one: String,
     obtain_many: String,
     release_many: String,
@@ -164,7 +198,7 @@ impl Raw {
             load(RAW_RELEASE_MANY).await,
         );
         Self {
-            conn,
+            conn: Counted(conn),
             release_one,
             obtain_many,
             release_many,
@@ -221,17 +255,17 @@ impl Raw {
 struct Bench {
     inspect: MultiplexedConnection,
     raw: Raw,
-    lockset: Client<MultiplexedConnection>,
+    lockset: Client<Counted>,
     raw_per_task: Vec<Raw>,
-    lockset_per_task: Vec<Client<MultiplexedConnection>>,
+    lockset_per_task: Vec<Client<Counted>>,
 }
 
-async fn lockset_client(client: &redis::Client) -> Client<MultiplexedConnection> {
+async fn lockset_client(client: &redis::Client) -> Client<Counted> {
     let conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    Client::new(conn)
+    Client::new(Counted(conn))
         .with_release_events(client.clone())
         .expect("release events")
 }
@@ -273,18 +307,35 @@ impl Contention {
 }
 
 impl Bench {
-    /// Server commands run so far (all of them but INFO).
-    async fn commands(&self) -> u64 {
+    /// Server commands run so far (all of them but INFO), and the requests sent so far: by
+    /// the clients' connections, and on their pub/sub connections (which only send
+    /// requests: no script runs these).
+    async fn commands(&self) -> (u64, u64) {
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(&mut self.inspect.clone())
             .await
             .expect("INFO");
-        info.lines()
+        let calls: Vec<(&str, u64)> = info
+            .lines()
             .filter(|line| !line.starts_with("cmdstat_info:"))
-            .filter_map(|line| line.split_once(":calls="))
-            .filter_map(|(_, rest)| rest.split(',').next()?.parse::<u64>().ok())
-            .sum()
+            .filter_map(|line| line.strip_prefix("cmdstat_")?.split_once(":calls="))
+            .filter_map(|(name, rest)| Some((name, rest.split(',').next()?.parse().ok()?)))
+            .collect();
+        let pubsub = [
+            "subscribe",
+            "unsubscribe",
+            "ssubscribe",
+            "sunsubscribe",
+            "ping",
+        ];
+        let listening: u64 = calls
+            .iter()
+            .filter(|(name, _)| pubsub.contains(name))
+            .map(|(_, n)| n)
+            .sum();
+        let commands = calls.iter().map(|(_, n)| n).sum();
+        (commands, REQUESTS.load(Ordering::Relaxed) + listening)
     }
 
     async fn run(self: &Arc<Self>, which: Impl, workload: Workload) -> Sample {
@@ -293,7 +344,9 @@ impl Bench {
             "w2" => self.contended(which, workload).await,
             _ => self.uncontended(which, workload).await,
         };
-        sample.commands = self.commands().await - before;
+        let after = self.commands().await;
+        sample.commands = after.0 - before.0;
+        sample.requests = after.1 - before.1;
         sample
     }
 
@@ -557,6 +610,13 @@ async fn main() {
                 rates[which as usize] = sample.ops as f64 / sample.seconds;
                 results.entry((*workload, which)).or_default().merge(sample);
             }
+            // BENCH_ROUNDS=1 prints each round's rates (to see how much they vary).
+            if std::env::var("BENCH_ROUNDS").is_ok() {
+                eprintln!(
+                    "{} {} round {round}: raw {:.0} lockset {:.0}",
+                    workload.name, workload.hold_ms, rates[0], rates[1]
+                );
+            }
             round_ratios
                 .entry(*workload)
                 .or_default()
@@ -573,6 +633,7 @@ struct Figures {
     p99: u32,
     handoff: (u32, u32),
     commands_per_op: f64,
+    requests_per_op: f64,
     busiest: f64,
     violations: u64,
 }
@@ -592,11 +653,12 @@ fn report(
                 percentile(&mut sample.handoffs_us, 0.99),
             ),
             commands_per_op: sample.commands as f64 / sample.ops.max(1) as f64,
+            requests_per_op: sample.requests as f64 / sample.ops.max(1) as f64,
             busiest: sample.busiest_share(),
             violations: sample.violations,
         };
         println!(
-            r#"{{"impl":"{}","workload":"{}","clients":"{}","concurrency":{},"keys":{},"hold_ms":{},"ops":{},"seconds":{:.3},"ops_per_sec":{:.1},"p50_us":{},"p99_us":{},"handoff_p50_us":{},"handoff_p99_us":{},"commands_per_op":{:.2},"busiest_share":{:.3},"violations":{}}}"#,
+            r#"{{"impl":"{}","workload":"{}","clients":"{}","concurrency":{},"keys":{},"hold_ms":{},"ops":{},"seconds":{:.3},"ops_per_sec":{:.1},"p50_us":{},"p99_us":{},"handoff_p50_us":{},"handoff_p99_us":{},"commands_per_op":{:.2},"requests_per_op":{:.2},"busiest_share":{:.3},"violations":{}}}"#,
             which.name(),
             workload.name,
             workload.clients,
@@ -611,6 +673,7 @@ fn report(
             figures.handoff.0,
             figures.handoff.1,
             figures.commands_per_op,
+            figures.requests_per_op,
             figures.busiest,
             figures.violations,
         );
@@ -619,9 +682,9 @@ fn report(
 
     println!();
     println!(
-        "| workload | clients | C | K | hold ms | raw ops/s | lockset ops/s | lockset/raw | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs raw → lockset | server cmds/op raw → lockset | busiest share raw → lockset | violations |"
+        "| workload | clients | C | K | hold ms | raw ops/s | lockset ops/s | lockset/raw | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs raw → lockset | server cmds/op raw → lockset | requests/op raw → lockset | busiest share raw → lockset | violations |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for pair in summary.chunks(2) {
         let [(workload, _, raw), (_, _, lockset)] = pair else {
             continue;
@@ -645,7 +708,7 @@ fn report(
             "-".to_string()
         };
         println!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {:.1} → {:.1} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {:.1} → {:.1} | {:.2} → {:.2} | {} | {} |",
             workload.name,
             workload.clients,
             workload.concurrency,
@@ -661,6 +724,8 @@ fn report(
             handoff,
             raw.commands_per_op,
             lockset.commands_per_op,
+            raw.requests_per_op,
+            lockset.requests_per_op,
             share,
             raw.violations + lockset.violations,
         );
