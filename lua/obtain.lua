@@ -255,7 +255,8 @@ for j = 1, #mine do
   local i, current = mine[j][1], mine[j][2]
   if fair then
     -- Handed to this waiter, with its own value for no longer than its TTL (the token is
-    -- this obtain's own): the confirmation extends it to the full TTL.
+    -- this obtain's own): an attempt after the notice (one that did not take the hand-off
+    -- as it was told) extends it to the full TTL.
     redis.call('PEXPIRE', KEYS[i], ttl)
   else
     local stored = value

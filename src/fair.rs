@@ -5,6 +5,11 @@
 //! notice. Both change only after an attempt whose outcome is unknown (its clean-up, in the
 //! background, releases and leaves by the old token and id, and must not touch the new).
 //! An obtain that ends without the lock leaves its queues, also when it is cancelled.
+//!
+//! A hand-off notice is the lock: the obtain takes it without sending anything. Its validity
+//! counts from the send of the attempt the notice names (the last to queue or renew the
+//! waiter, so it ran before the hand-off): each attempt gets the next turn, and the send
+//! times of the latest turns are remembered.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -172,8 +172,9 @@ impl Options {
 
     /// How long a fair waiter's place in a queue lasts unless renewed: a waiter that
     /// crashed, or was cut off from Redis, stops holding up the queue within this time.
-    /// The waiter renews it every third of it while it waits; a lock handed to a waiter is
-    /// held for no longer than the waiter's lease had left until the waiter confirms it.
+    /// The waiter renews it every third of it while it waits. A lock handed to a waiter is
+    /// held for no longer than what was left of the waiter's lease, and extended to its TTL
+    /// halfway through (unless released before): a dead waiter blocks it no longer.
     /// Defaults to 2 seconds; rounded up to whole milliseconds.
     #[must_use]
     pub fn waiter_lease(mut self, lease: Duration) -> Self {
