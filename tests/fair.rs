@@ -529,3 +529,23 @@ async fn one_release_never_hands_a_key_to_two_waiters() {
         .unwrap();
     assert_eq!(env.dbsize().await, 0);
 }
+
+/// A lock handed for less than its TTL (the waiter's lease) and released before its
+/// extension is due sends nothing more: a short critical section costs no extra round trip.
+#[tokio::test]
+async fn a_handed_lock_released_before_its_extension_sends_nothing_more() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    let other = env.other_client().await;
+    let waiter = wait_for(&other, "job", slow_polling());
+    queued_up_to(&env, "job", 1).await;
+    held.release().await.unwrap();
+    let lock = handed(HANDED_WITHIN, waiter, "handed over").await;
+    // Handed for the 2 s lease, not the 60 s TTL.
+    assert!(lock.valid_until() < Instant::now() + ms(2_001));
+    let evals = env.calls("evalsha").await;
+    lock.release().await.unwrap();
+    other.background_idle().await;
+    assert_eq!(env.calls("evalsha").await - evals, 1, "the release alone");
+    assert_eq!(env.dbsize().await, 0);
+}
