@@ -69,24 +69,23 @@ end
 -- the keys no longer than that. LISTEN: the key on whose release channel it listens, where
 -- it is told "g<id>:<turn>:<ms>": the keys are its own for <ms> from this moment, which
 -- came after it sent attempt <turn> (the last to queue or renew it), so they are its own
--- for <ms> from when it sent that attempt at least (see src/fair.rs). OTHERS: whether
--- others wait for KEY, the key being released; the queues of its other keys are looked at.
-local function grant(member, record, keys, left, listen, key, others)
-  local value, id, turn = record[1], record[3], record[6]
+-- for <ms> from when it sent that attempt at least (see src/fair.rs). A record written
+-- before records kept turns has none: turn 0, which no attempt has (the waiter then makes
+-- the keys its own by an attempt). KEY, the key being released, was marked (somebody waits
+-- for it, queued or not): it stays marked, so that its next release tells them too; the
+-- waiter's other keys are marked when others queue for them.
+local function grant(member, record, keys, left, listen, key)
+  local value, id, turn = record[1], record[3], record[6] or '0'
   local px = math.min(tonumber(record[2]), left)
   for j = 1, #keys do
     local queue = queue_of(keys[j])
     redis.call('ZREM', queue, member)
-    -- A key others queue for is marked, so that its release hands it on.
-    local marked = others
-    if keys[j] ~= key then
-      marked = redis.call('EXISTS', queue) == 1
-    end
+    local marked = keys[j] == key or redis.call('EXISTS', queue) == 1
     redis.call('SET', keys[j], marked and '!' .. value or value, 'PX', px)
   end
   redis.call('DEL', member)
   if notice ~= '' then
-    redis.pcall(notice, listen, 'g' .. id .. ':' .. turn .. ':' .. px)
+    redis.pcall(notice, listen, 'g' .. id .. ':' .. turn .. ':' .. string.format('%.0f', px))
   end
 end
 
@@ -128,7 +127,6 @@ local function hand_off(key)
     return true
   end
   local members = redis.call('ZRANGE', queue, 0, LOOK_AT_MOST - 1)
-  local waiting_before = false  -- a live waiter was passed over
   for m = 1, #members do
     local member = members[m]
     local record = redis.call('HMGET', member, 'v', 't', 'i', 'n', 'l', 's', 1)
@@ -157,14 +155,9 @@ local function hand_off(key)
         end
       end
       if wants and not behind and #held == 0 then
-        -- Others wait for KEY: live waiters passed over, or entries not looked at yet
-        -- (a dead one among them costs the next release a look).
-        local others = waiting_before or m < #members or #members == LOOK_AT_MOST
-        grant(member, record, keys, left, keys[tonumber(record[5])] or key, key, others)
+        grant(member, record, keys, left, keys[tonumber(record[5])] or key, key)
         return true
-      end
-      waiting_before = true
-      if wants and first_in_all(member, keys) then
+      elseif wants and first_in_all(member, keys) then
         for j = 1, #held do
           local current = held[j][2]
           if type(current) == 'string' and ours_to_mark(current) then

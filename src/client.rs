@@ -455,7 +455,7 @@ where
             ttl,
             fence: None,
             valid_until: sent.checked_add(valid_for).unwrap_or(sent),
-            extend_at: None,
+            extend: false,
             stragglers: Vec::new(),
         };
         Ok(Lock::new(self.inner.clone(), obtained))
@@ -541,7 +541,7 @@ where
             fence: won.fence,
             valid_until: won.valid_until,
             stragglers: won.stragglers,
-            extend_at: won.extend_at,
+            extend: won.extend,
         };
         Ok(Lock::new(self.inner.clone(), obtained))
     }
@@ -663,8 +663,8 @@ struct Won {
     fence: Option<u64>,
     valid_until: Instant,
     stragglers: Stragglers,
-    /// When to extend a lock handed for less than its TTL (see [`Obtained::extend_at`]).
-    extend_at: Option<Instant>,
+    /// A lock handed for less than its TTL: extend it (see [`Obtained::extend`]).
+    extend: bool,
 }
 
 impl<C> Attempt<'_, C>
@@ -730,7 +730,7 @@ where
                     fence,
                     valid_until,
                     stragglers,
-                    extend_at: None,
+                    extend: false,
                 })
             }
             Ok(Obtain::Held { ttl, key, queued }) => Step::Held(Held { ttl, key, queued }),
@@ -748,20 +748,27 @@ where
 {
     /// The lock a release handed to `stint` and told it of, taken as it is, with nothing
     /// sent: its keys hold the stint's value for the time the hand-off gave, counted from
-    /// when the attempt it names was sent (see [`Stint::handed_until`]). When less than its
-    /// TTL, it is extended in the background halfway through, unless released before.
-    /// `None` when there is none, or not enough of it is left (less than half of what was
-    /// handed, or of the TTL): then an attempt makes the keys its own for the full TTL, if
-    /// they still are. With fencing, too: the attempt mints the fencing token.
+    /// when the attempt it names was sent (see [`Stint::handed_until`]). When that is less
+    /// than its TTL, it is extended in the background at once (see [`Obtained::extend`]).
+    ///
+    /// `None`, and an attempt makes the keys its own for the full TTL if they still are,
+    /// when there is no such lock, or when taking it as it is would not do: less than half of
+    /// what was handed (or of the TTL) is left; the obtain mints a fencing token (the
+    /// attempt does); or the lock needs extending on a current-thread runtime, where a
+    /// background task runs only once the holder yields, and a holder that works without
+    /// yielding would let the keys expire with what the hand-off gave.
     fn take_handed(&self, stint: Option<&Arc<Stint>>) -> Option<Won> {
         let (fair, stint) = (self.fair?, stint?);
         let handed = fair.take_handed()?;
         let drift = self.client.backend().drift(handed.ttl);
         let until = stint.handed_until(&handed)?.checked_sub(drift)?;
         let ttl = self.ttl.duration;
-        let now = Instant::now();
-        let left = until.saturating_duration_since(now);
-        if self.counter.is_some() || left < handed.ttl.min(ttl) / 2 {
+        let left = until.saturating_duration_since(Instant::now());
+        let extend = handed.ttl < ttl;
+        if self.counter.is_some()
+            || left < handed.ttl.min(ttl) / 2
+            || (extend && on_current_thread_runtime())
+        {
             return None;
         }
         Some(Won {
@@ -770,9 +777,16 @@ where
             fence: None,
             valid_until: until,
             stragglers: Vec::new(),
-            extend_at: (handed.ttl < ttl).then(|| now + left / 2),
+            extend,
         })
     }
+}
+
+/// Whether the caller runs on a current-thread tokio runtime.
+fn on_current_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
+        runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
+    })
 }
 
 /// Checks a key set and its modes (see [`mode::split`]): a plain lock's modes are `None`.

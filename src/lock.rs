@@ -39,7 +39,7 @@ pub struct Lock<C> {
     metadata: String,
     ttl: Ttl,
     fence: Option<u64>,
-    /// Shared with the extension of a handed lock (see [`Lock::extend_later`]).
+    /// Shared with the extension of a handed lock (see [`Lock::extend_in_background`]).
     validity: Arc<Mutex<Validity>>,
     /// Redlock: per-master work still finishing after an obtain or refresh was decided.
     stragglers: Mutex<Stragglers>,
@@ -50,7 +50,9 @@ pub struct Lock<C> {
 /// Why the extension of a handed lock failed, for the log.
 const HANDED_LOST: &str = "its extension after a hand-off found its keys gone or taken over";
 const HANDED_UNEXTENDED: &str =
-    "extending a lock after a hand-off failed; it stays valid as long as the hand-off said";
+    "extending a lock after a hand-off failed; retrying while it is valid";
+const HANDED_UNANSWERED: &str =
+    "its validity ran out while its extension after a hand-off was unanswered";
 
 /// Until when the lock is known to be valid.
 ///
@@ -131,9 +133,9 @@ pub(crate) struct Obtained {
     /// When the successful attempt was sent, plus the TTL, less any drift allowance.
     pub(crate) valid_until: Instant,
     pub(crate) stragglers: Stragglers,
-    /// A lock handed to a fair waiter for less than its TTL: when to extend it to the TTL,
-    /// unless it was released or refreshed before.
-    pub(crate) extend_at: Option<Instant>,
+    /// A lock handed to a fair waiter for less than its TTL: extend it to the TTL, in the
+    /// background.
+    pub(crate) extend: bool,
 }
 
 impl<C> Lock<C>
@@ -160,35 +162,49 @@ where
             stragglers: Mutex::new(obtained.stragglers),
             extension: None,
         };
-        if let Some(at) = obtained.extend_at {
-            lock.extension = lock.extend_later(at);
+        if obtained.extend {
+            lock.extension = lock.extend_in_background();
         }
         lock
     }
 
-    /// Extends a lock handed to a fair waiter to its own TTL at `at`, in the background,
-    /// unless it was released, lost or refreshed by then: a hand-off gives the keys no
-    /// longer than the waiter's lease (a waiter that died must not block them for long), and
-    /// the validity counts from before the hand-off. A lock released sooner costs nothing.
-    fn extend_later(&self, at: Instant) -> Option<AbortHandle> {
+    /// Extends a lock handed to a fair waiter to its own TTL, in the background, at once: a
+    /// hand-off gives the keys no longer than the waiter's lease (a waiter that died must
+    /// not block them for long), and the validity counts from before the hand-off. A failed
+    /// extension is tried again while the lock is valid; it stops once the lock is
+    /// released, lost, or refreshed by its holder. A lock released before the task runs
+    /// costs nothing.
+    fn extend_in_background(&self) -> Option<AbortHandle> {
         let shared = self.shared.clone();
         let validity = self.validity.clone();
         let claim = self
             .claim(&self.owner.value(&self.metadata), self.ttl)
             .to_shared();
         let task = self.shared.tasks().spawn(async move {
-            tokio::time::sleep_until(at).await;
-            let untouched = {
-                let validity = lock_validity(&validity);
-                !validity.lost && validity.sent == 0
-            };
-            if untouched {
-                let claim = claim.claim();
-                let (refreshed, _) = refresh_keys(&shared, &validity, &claim).await;
-                match refreshed {
-                    Ok(false) => found_lost(&validity, &claim, HANDED_LOST),
-                    Err(err) => tracing::warn!(%err, "{HANDED_UNEXTENDED}"),
-                    Ok(true) => {}
+            let claim = claim.claim();
+            // Refreshes sent so far, all by this task.
+            let mut sent = 0;
+            loop {
+                let until = {
+                    let validity = lock_validity(&validity);
+                    if validity.lost || validity.sent != sent {
+                        return;
+                    }
+                    validity.until
+                };
+                let refreshed =
+                    tokio::time::timeout_at(until, refresh_keys(&shared, &validity, &claim));
+                sent += 1;
+                match refreshed.await {
+                    Ok((Ok(true), _)) => return,
+                    Ok((Ok(false), _)) => return found_lost(&validity, &claim, HANDED_LOST),
+                    Ok((Err(err), _)) => {
+                        tracing::warn!(%err, keys = claim.keys.len(), "{HANDED_UNEXTENDED}");
+                        // Again after a quarter of what is left.
+                        let left = until.saturating_duration_since(Instant::now());
+                        tokio::time::sleep((left / 4).max(Duration::from_millis(1))).await;
+                    }
+                    Err(_) => return found_lost(&validity, &claim, HANDED_UNANSWERED),
                 }
             }
         });

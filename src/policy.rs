@@ -280,6 +280,8 @@ where
     let mut rechecked = false;
     // The last wait ended with a release event.
     let mut woken = false;
+    // Time a queued waiter drew from the strategy and has not slept yet.
+    let mut banked = Duration::ZERO;
     loop {
         let how = Try {
             mark_holder: waiter.marking(),
@@ -306,19 +308,27 @@ where
                 (Error::NotObtained, Some(held))
             }
         };
-        let Some(mut delay) = backoff.next() else {
+        let now = Instant::now();
+        let queued_until = waiter.queued_until(now, held);
+        // A queued waiter may still have time it drew and did not sleep.
+        let Some(mut delay) = backoff
+            .next()
+            .or_else(|| (queued_until.is_some() && !banked.is_zero()).then_some(Duration::ZERO))
+        else {
             return Err(failure);
         };
-        let now = Instant::now();
         if deadline.is_some_and(|deadline| now >= deadline) {
             return Err(at_deadline(failure));
         }
         // A queued waiter is handed the lock and told so: it does not poll, but sleeps
         // until its lease needs renewing or the holder's lock runs out, as long as its
-        // strategy's delays last (they measure time waited, not attempts).
-        if let Some(until) = waiter.queued_until(now, held) {
+        // strategy's delays last (they measure time waited, not attempts: what it does not
+        // sleep now is kept for later).
+        if let Some(until) = queued_until {
             let want = until.saturating_duration_since(now);
-            delay = draw(&mut backoff, delay, want).min(want);
+            let drawn = draw(&mut backoff, banked + delay, want);
+            delay = drawn.min(want);
+            banked = drawn - delay;
         }
         let mut wake = now.checked_add(delay);
         // Expiry publishes nothing: retry when the holder's lock runs out at the latest.

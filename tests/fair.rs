@@ -9,80 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionManager;
-use lockset::{Client, Lock, Options, Retry};
+use lockset::{Client, Options, Retry};
+use support::fair::{
+    HANDED_WITHIN, handed, hold, queued, queued_up_to, slow_polling, wait_for, wait_for_keys,
+};
 use support::proxy::Proxy;
 use support::{Env, Exclusion, eventually, ms};
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
-
-/// Polling alone would wait 15 s between attempts.
-fn slow_polling() -> Options {
-    Options::default()
-        .retry(Retry::linear(Duration::from_secs(15)))
-        .timeout(Duration::from_secs(120))
-}
-
-/// How soon a hand-off must reach its waiter: far beyond the event path (about a
-/// millisecond), far below the polling interval.
-const HANDED_WITHIN: Duration = Duration::from_millis(2_000);
-
-/// Locks `key` for 60 s on `env`'s client, without waiting.
-async fn hold(env: &Env, key: &str) -> Lock<ConnectionManager> {
-    env.client
-        .obtain(key, ms(60_000), &Options::default())
-        .await
-        .unwrap()
-}
-
-/// The lock `waiter` obtained within `within`.
-async fn handed(
-    within: Duration,
-    waiter: JoinHandle<Result<Lock<ConnectionManager>, lockset::Error>>,
-    what: &str,
-) -> Lock<ConnectionManager> {
-    timeout(within, waiter)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not within {within:?}"))
-        .unwrap()
-        .unwrap()
-}
-
-/// Spawns an obtain of `key` for 60 s on `client`.
-fn wait_for(
-    client: &Client<ConnectionManager>,
-    key: &'static str,
-    options: Options,
-) -> JoinHandle<Result<Lock<ConnectionManager>, lockset::Error>> {
-    let client = client.clone();
-    tokio::spawn(async move { client.obtain(key, ms(60_000), &options).await })
-}
-
-/// Spawns an obtain of `keys` for 60 s on `client`.
-fn wait_for_keys(
-    client: &Client<ConnectionManager>,
-    keys: Vec<&'static str>,
-    options: Options,
-) -> JoinHandle<Result<Lock<ConnectionManager>, lockset::Error>> {
-    let client = client.clone();
-    tokio::spawn(async move { client.obtain_multi(keys, ms(60_000), &options).await })
-}
-
-/// How many waiters are in `key`'s queue.
-async fn queued(env: &Env, key: &str) -> i64 {
-    let queue = match key.find('{') {
-        Some(_) => format!("{key}:lockset:queue"),
-        None => format!("{{{key}}}:lockset:queue"),
-    };
-    env.cmd(&["ZCARD", &queue]).await
-}
-
-/// Waits until `n` waiters are in `key`'s queue.
-async fn queued_up_to(env: &Env, key: &str, n: i64) {
-    eventually(ms(10_000), &format!("{n} waiters queued"), async || {
-        queued(env, key).await == n
-    })
-    .await;
-}
 
 #[tokio::test]
 async fn waiters_in_eight_clients_get_the_lock_in_arrival_order() {
@@ -116,14 +49,15 @@ async fn waiters_in_eight_clients_get_the_lock_in_arrival_order() {
     assert_eq!(env.dbsize().await, 0);
 }
 
-#[tokio::test]
+/// On a multi-thread runtime (on a current-thread one, see `fair_handoff.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_hands_the_lock_to_the_waiter_without_a_race() {
     let env = Env::start().await;
     let held = hold(&env, "job").await;
     let other = env.other_client().await;
     let waiter = wait_for(&other, "job", slow_polling().metadata("next"));
     queued_up_to(&env, "job", 1).await;
-    let (sets, evals) = (env.calls("set").await, env.calls("evalsha").await);
+    let sets = env.calls("set").await;
     held.release().await.unwrap();
     let lock = handed(HANDED_WITHIN, waiter, "handed over").await;
     assert_eq!(lock.metadata(), "next");
@@ -131,16 +65,15 @@ async fn a_release_hands_the_lock_to_the_waiter_without_a_race() {
     let value = env.get("job").await.unwrap();
     assert!(value.ends_with("next"), "{value}");
     // One SET, by the release's hand-off; the waiter took it as it was told: no attempt
-    // after it, no SET NX race.
+    // after it (its SET NX), no race.
     assert_eq!(env.calls("set").await - sets, 1);
-    assert_eq!(env.calls("evalsha").await - evals, 1);
     // The hand-off gave the key for the waiter's lease (2 s), and the validity counts from
-    // before the hand-off: never more than the server's TTL.
+    // before the hand-off: never more than the server's TTL (also once extended).
     let asked = Instant::now();
     let left: u64 = env.cmd(&["PTTL", "job"]).await;
     assert!(lock.valid_until() <= asked + ms(left + 1));
     assert!(lock.valid_until() > Instant::now() + ms(500));
-    // Halfway through, it is extended to its own TTL in the background.
+    // It is extended to its own TTL in the background.
     eventually(ms(10_000), "extended to the full TTL", async || {
         env.cmd::<u64>(&["PTTL", "job"]).await > 50_000
     })
@@ -527,25 +460,5 @@ async fn one_release_never_hands_a_key_to_two_waiters() {
         .release()
         .await
         .unwrap();
-    assert_eq!(env.dbsize().await, 0);
-}
-
-/// A lock handed for less than its TTL (the waiter's lease) and released before its
-/// extension is due sends nothing more: a short critical section costs no extra round trip.
-#[tokio::test]
-async fn a_handed_lock_released_before_its_extension_sends_nothing_more() {
-    let env = Env::start().await;
-    let held = hold(&env, "job").await;
-    let other = env.other_client().await;
-    let waiter = wait_for(&other, "job", slow_polling());
-    queued_up_to(&env, "job", 1).await;
-    held.release().await.unwrap();
-    let lock = handed(HANDED_WITHIN, waiter, "handed over").await;
-    // Handed for the 2 s lease, not the 60 s TTL.
-    assert!(lock.valid_until() < Instant::now() + ms(2_001));
-    let evals = env.calls("evalsha").await;
-    lock.release().await.unwrap();
-    other.background_idle().await;
-    assert_eq!(env.calls("evalsha").await - evals, 1, "the release alone");
     assert_eq!(env.dbsize().await, 0);
 }

@@ -3,6 +3,7 @@
 
 #[cfg(feature = "cluster")]
 pub mod cluster;
+pub mod fair;
 pub mod masters;
 pub mod proxy;
 pub mod server;

@@ -1,0 +1,435 @@
+//! Fair waiting: what a lock taken from a hand-off notice is worth. The new holder sends
+//! nothing, so the server's grant and the holder's belief must be exactly right: beliefs
+//! never overlap, under latency, lost replies, cancellation and keys whose queues share a
+//! name; the lock lasts its TTL (its extension is retried, and a current-thread runtime
+//! does not take a lock it would have to extend); and the waiters that do not queue are
+//! still told of a release.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use lockset::redis::aio::ConnectionManager;
+use lockset::{Client, Options, Retry};
+use support::fair::{HANDED_WITHIN, hold, queued_up_to, slow_polling, wait_for_keys};
+use support::proxy::Proxy;
+use support::{Env, eventually, ms};
+use tokio::time::{Instant, timeout};
+
+/// How many connections subscribe to `channel` on the server.
+async fn subscribers(env: &Env, channel: &str) -> i64 {
+    let reply: Vec<lockset::redis::Value> = env.cmd(&["PUBSUB", "NUMSUB", channel]).await;
+    match reply.get(1) {
+        Some(lockset::redis::Value::Int(n)) => *n,
+        _ => 0,
+    }
+}
+
+/// A waiter that marks the holder without queueing (`fair(false)`, a custom token, shared or
+/// counted keys) is told of the release of a key that was handed on in between: the handed
+/// key stays marked, so that its next release announces itself. (A hand-off once dropped
+/// the mark: the waiter slept until its next poll while the key was free.)
+#[tokio::test]
+async fn a_barging_waiter_hears_of_a_key_freed_after_a_hand_off() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    let (fair_client, barging_client) = (env.other_client().await, env.other_client().await);
+    let barging = wait_for_keys(&barging_client, vec!["job"], slow_polling().fair(false));
+    // It listens, and has marked the holder.
+    eventually(ms(10_000), "the barging waiter listens", async || {
+        subscribers(&env, "job").await == 1 && env.get("job").await.unwrap().starts_with('!')
+    })
+    .await;
+    let fair = wait_for_keys(&fair_client, vec!["job"], slow_polling());
+    queued_up_to(&env, "job", 1).await;
+    held.release().await.unwrap();
+    let handed = timeout(HANDED_WITHIN, fair)
+        .await
+        .expect("handed to the fair waiter")
+        .unwrap()
+        .unwrap();
+    assert!(
+        env.get("job").await.unwrap().starts_with('!'),
+        "still marked"
+    );
+    handed.release().await.unwrap();
+    let freed = Instant::now();
+    let lock = timeout(HANDED_WITHIN, barging)
+        .await
+        .expect("the barging waiter was told that the key is free")
+        .unwrap()
+        .unwrap();
+    assert!(freed.elapsed() < HANDED_WITHIN, "{:?}", freed.elapsed());
+    lock.release().await.unwrap();
+}
+
+/// A rolling upgrade puts waiters of the previous version, whose records keep no turn, in
+/// the same queues: a release hands on to them as to any other (once, the missing turn made
+/// the script fail after it had handed the key on).
+
+#[tokio::test]
+async fn a_release_hands_on_to_a_waiter_queued_by_the_previous_version() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    // A waiter of the previous version: its record as that version's queue_up wrote it
+    // (v, t, i, n, l and the keys; no 's'), and it marked the holder.
+    let record = "{job}:lockset:queue:0123456789abcdef1";
+    let value = "16:0123456789abcdef";
+    let _: i64 = env
+        .cmd(&[
+            "HSET",
+            record,
+            "v",
+            value,
+            "t",
+            "60000",
+            "i",
+            "0123456789abcdef1",
+            "n",
+            "1",
+            "l",
+            "1",
+            "1",
+            "job",
+        ])
+        .await;
+    let _: i64 = env.cmd(&["PEXPIRE", record, "5000"]).await;
+    let _: i64 = env.cmd(&["ZADD", "{job}:lockset:queue", "1", record]).await;
+    let current = env.get("job").await.unwrap();
+    let _: String = env
+        .cmd(&["SET", "job", &format!("!{current}"), "KEEPTTL"])
+        .await;
+    let released = held.release().await;
+    assert!(
+        released.is_ok(),
+        "the release failed: {:?}; the key now holds {:?}",
+        released.err(),
+        env.get("job").await
+    );
+    // Handed on, still marked (somebody waited for it).
+    assert_eq!(env.get("job").await, Some(format!("!{value}")));
+}
+
+/// A lock taken from a notice is valid for what the hand-off gave (at most the waiter's
+/// lease) until its extension, in the background, sets its TTL: an extension that fails (a
+/// connection reset) is tried again while the lock is valid, and the lock lasts its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_lock_survives_one_failed_extension() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    // The waiter's commands go through a proxy, its release events straight to the server.
+    let proxy = Proxy::start(env.server.port()).await;
+    let commands = lockset::redis::Client::open(proxy.url()).unwrap();
+    let conn = ConnectionManager::new(commands).await.unwrap();
+    let events = lockset::redis::Client::open(env.server.url()).unwrap();
+    let client = Client::new(conn).with_release_events(events).unwrap();
+    let waiter = wait_for_keys(&client, vec!["job"], slow_polling());
+    queued_up_to(&env, "job", 1).await;
+    // The waiter hears of its hand-off, but its extension hangs in the proxy ...
+    proxy.stall(true);
+    let before = proxy.requests();
+    held.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, waiter)
+        .await
+        .expect("handed over")
+        .unwrap()
+        .unwrap();
+    let left = lock.valid_until().saturating_duration_since(Instant::now());
+    assert!(
+        left < ms(5_000),
+        "taken from the notice, valid for what the hand-off gave: {left:?}"
+    );
+    timeout(ms(10_000), proxy.wait_for(Proxy::requests, before + 1))
+        .await
+        .expect("the extension is sent");
+    // ... and fails with a connection reset; the connection is back at once.
+    proxy.drop_connections();
+    proxy.stall(false);
+    // ... and the extension, tried again, gives the lock its 60 s.
+    eventually(ms(10_000), "extended to its TTL", async || {
+        lock.valid_until() > Instant::now() + ms(30_000)
+    })
+    .await;
+    assert!(env.cmd::<i64>(&["PTTL", "job"]).await > 30_000);
+    lock.release().await.unwrap();
+}
+
+/// A queued waiter's strategy delays count time waited, not attempts: a lease renewal
+/// (every third of the lease) uses only what it sleeps of a delay, and the rest is kept.
+/// (Once each renewal used up a whole delay: three retries 3 s apart gave up after about
+/// half a second.)
+
+#[tokio::test]
+async fn a_queued_waiter_waits_as_long_as_its_strategy_delays() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    let other = env.other_client().await;
+    let started = Instant::now();
+    let waiter = tokio::spawn(async move {
+        let options = Options::default()
+            .retry(Retry::linear(ms(3_000)).limit(3))
+            .timeout(ms(60_000))
+            .waiter_lease(ms(600));
+        let obtained = other.obtain("job", ms(60_000), &options).await;
+        (obtained, started.elapsed())
+    });
+    queued_up_to(&env, "job", 1).await;
+    // Well within the 9 s of delays its strategy allows.
+    tokio::time::sleep(ms(2_500)).await;
+    if waiter.is_finished() {
+        let (obtained, after) = waiter.await.unwrap();
+        panic!(
+            "the waiter gave up after {after:?} of the 9 s its strategy allows: {:?}",
+            obtained.err()
+        );
+    }
+    held.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .0
+        .unwrap();
+    lock.release().await.unwrap();
+}
+
+// What every holder believes never overlaps on any key. Fair
+// waiters for overlapping key sets, short leases (so that hand-offs give little and are
+// extended), TTLs shorter than the lease (so that a hand-off gives the TTL and nothing
+// extends it), holds longer than the TTL (so that some holders outlive their validity and
+// their keys expire), and half the clients behind a proxy with latency (so that the turn a
+// hand-off names was sent well before the hand-off). The checker catches two broken
+// versions: one that counts a hand-off's validity from when the notice is heard instead of
+// from the named turn's send (src/fair.rs), and one that hands a key freed by a release of
+// several keys to two waiters (lua/release.lua, `released` checked before `GET`). Each
+// holder's belief is the interval
+// from obtain's return to the earlier of its release and its validity (sampled until the
+// release); two beliefs on one key must never overlap. All on one clock.
+
+#[derive(Clone, Copy, Debug)]
+struct Belief {
+    holder: u64,
+    from: Instant,
+    until: Instant,
+    handed: bool,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sound_beliefs_of_fair_holders_never_overlap() {
+    beliefs_never_overlap(["{s}:a", "{s}:b", "{s}:c"], false).await;
+}
+
+/// The same while replies to the proxied clients are lost now and then: their attempts'
+/// outcomes are unknown, they start over under new tokens and ids (notices for the old ids
+/// are stale), and their clean-ups release and leave in the background; and while some
+/// obtains are cancelled mid-wait (maybe with a hand-off on its way to them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sound_beliefs_never_overlap_while_replies_are_lost() {
+    beliefs_never_overlap(["{l}:a", "{l}:b", "{l}:c"], true).await;
+}
+
+/// The same with keys whose queues share a name: "t" and "{t}" (and a third key of the slot).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sound_beliefs_never_overlap_on_a_key_and_its_braced_twin() {
+    beliefs_never_overlap(["t", "{t}", "{t}:x"], false).await;
+}
+
+async fn beliefs_never_overlap(keys: [&'static str; 3], lose_replies: bool) {
+    let env = Env::start().await;
+    let proxy = Arc::new(Proxy::start(env.server.port()).await);
+    proxy.set_latency(ms(15));
+    let beliefs: Arc<Mutex<HashMap<&'static str, Vec<Belief>>>> = Arc::default();
+    let next_holder = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..6u64 {
+        let client = if t % 2 == 0 {
+            env.other_client().await
+        } else {
+            let commands = lockset::redis::Client::open(proxy.url()).unwrap();
+            let conn = ConnectionManager::new(commands).await.unwrap();
+            let events = lockset::redis::Client::open(env.server.url()).unwrap();
+            Client::new(conn).with_release_events(events).unwrap()
+        };
+        let (beliefs, next_holder, stop) = (beliefs.clone(), next_holder.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut round = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                round += 1;
+                let pick = (t + round) % 4;
+                let names: Vec<&'static str> = match pick {
+                    0 => vec![keys[0], keys[1]],
+                    1 => vec![keys[1], keys[2]],
+                    2 => vec![keys[2], keys[0]],
+                    _ => vec![keys[(t as usize + round as usize) % 3]],
+                };
+                // Every fourth round a TTL shorter than the lease: a hand-off gives the TTL
+                // itself, nothing extends it, and only the validity ends the belief.
+                let short = round.is_multiple_of(4);
+                let (ttl, lease) = if short {
+                    (ms(100 + 20 * (t % 3)), ms(300))
+                } else {
+                    (ms(200 + 50 * ((t + round) % 4)), ms(90 + 30 * (round % 3)))
+                };
+                let options = Options::default()
+                    .retry(Retry::linear(ms(400)))
+                    .timeout(ms(20_000))
+                    .waiter_lease(lease);
+                let obtaining = client.obtain_multi(names.clone(), ttl, &options);
+                // With faults, every fifth obtain is also cancelled after a short while.
+                let obtained = if lose_replies && round.is_multiple_of(5) {
+                    timeout(ms(20 + 10 * (round % 7)), obtaining)
+                        .await
+                        .unwrap_or(Err(lockset::Error::NotObtained))
+                } else {
+                    obtaining.await
+                };
+                let Ok(lock) = obtained else {
+                    continue;
+                };
+                let from = Instant::now();
+                // A hand-off gives at most the lease (<= 150 ms); an attempt gives the TTL
+                // (>= 200 ms). (Not told apart for the short TTLs.)
+                let handed = !short && lock.valid_until() < from + ms(150);
+                let holder = next_holder.fetch_add(1, Ordering::SeqCst);
+                // Hold: mostly short, sometimes beyond the TTL (no refresh).
+                let hold = if round.is_multiple_of(7) || (short && round.is_multiple_of(8)) {
+                    ttl + ms(100)
+                } else {
+                    ms(round % 20)
+                };
+                // It believes it holds the lock at any moment before its validity then.
+                let end = Instant::now() + hold;
+                let mut ran_out = None;
+                while Instant::now() < end {
+                    let valid = lock.valid_until();
+                    if Instant::now() >= valid {
+                        ran_out = Some(valid);
+                        break;
+                    }
+                    tokio::time::sleep(ms(5)).await;
+                }
+                let until = ran_out.unwrap_or_else(|| Instant::now().min(lock.valid_until()));
+                {
+                    let mut beliefs = beliefs.lock().unwrap();
+                    for name in &names {
+                        beliefs.entry(name).or_default().push(Belief {
+                            holder,
+                            from,
+                            until,
+                            handed,
+                        });
+                    }
+                }
+                let _ = lock.release().await;
+            }
+        }));
+    }
+    let faults = tokio::spawn({
+        let (proxy, stop) = (proxy.clone(), stop.clone());
+        async move {
+            let mut lost = 0;
+            while lose_replies && !stop.load(Ordering::SeqCst) {
+                tokio::time::sleep(ms(250)).await;
+                proxy.lose_next_reply();
+                lost += 1;
+            }
+            lost
+        }
+    });
+    // Long enough for hundreds of holders, a fifth of them taken from a notice.
+    tokio::time::sleep(ms(8_000)).await;
+    stop.store(true, Ordering::SeqCst);
+    let lost = faults.await.unwrap();
+    if lose_replies {
+        eprintln!("{} replies lost", proxy.replies_lost());
+        assert!(lost > 10 && proxy.replies_lost() > 10);
+    }
+    for task in tasks {
+        timeout(ms(30_000), task).await.unwrap().unwrap();
+    }
+    let beliefs = beliefs.lock().unwrap();
+    let mut total = 0;
+    let mut handed = 0;
+    for (key, list) in beliefs.iter() {
+        let mut list = list.clone();
+        list.sort_by_key(|b| b.from);
+        total += list.len();
+        handed += list.iter().filter(|b| b.handed).count();
+        // The belief that reaches furthest among those that started before each one.
+        let mut furthest: Option<Belief> = None;
+        for b in list {
+            if let Some(a) = furthest {
+                assert!(
+                    a.until <= b.from,
+                    "{key}: holder {} (handed: {}) believed until {:?} after holder {} (handed: {}) \
+                 started",
+                    a.holder,
+                    a.handed,
+                    a.until - b.from,
+                    b.holder,
+                    b.handed
+                );
+            }
+            if furthest.is_none_or(|a| b.until > a.until) {
+                furthest = Some(b);
+            }
+        }
+    }
+    eprintln!("{total} beliefs checked, {handed} of them taken from a hand-off notice");
+    assert!(
+        handed > 10,
+        "too few hand-offs to tell: {handed} of {total}"
+    );
+}
+
+/// On a current-thread runtime a background task runs only when the holder yields: a lock
+/// that would need extending is not taken from the notice there, but made the holder's for
+/// its full TTL by an attempt before obtain returns. A holder that then works without
+/// yielding for seconds keeps the lock.
+#[tokio::test]
+async fn a_handed_lock_is_not_taken_over_while_its_holder_works_within_its_ttl() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    let holder = env.other_client().await;
+    let waiter = wait_for_keys(&holder, vec!["job"], slow_polling());
+    queued_up_to(&env, "job", 1).await;
+    held.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, waiter)
+        .await
+        .expect("handed over")
+        .unwrap()
+        .unwrap();
+    let obtained = std::time::Instant::now();
+    // Another process wants the lock too, polling every 100 ms.
+    let url = env.server.url();
+    let other = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            let client = Client::connect(&url).await.unwrap();
+            let options = Options::default()
+                .retry(Retry::linear(ms(100)))
+                .timeout(ms(2_800))
+                .fair(false);
+            client
+                .obtain("job", ms(60_000), &options)
+                .await
+                .map(|_| std::time::Instant::now())
+        })
+    });
+    // Three seconds of work that does not yield (well within 60 s).
+    std::thread::sleep(ms(3_000));
+    let taken_over = other.join().unwrap();
+    if let Ok(at) = taken_over {
+        panic!(
+            "another client obtained the lock {:?} into a 60 s lock obtained from a hand-off, \
+             while its holder was still working (valid_until was {:?} after obtain)",
+            at - obtained,
+            lock.valid_until()
+                .saturating_duration_since(Instant::from_std(obtained))
+        );
+    }
+    lock.release().await.unwrap();
+}
