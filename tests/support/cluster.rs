@@ -1,6 +1,6 @@
 //! A private three-master Redis Cluster on loopback, for the cluster tests.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::RedisServer;
@@ -12,19 +12,44 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts three nodes, joins them with `redis-cli --cluster create`, and waits until
-    /// every node reports `cluster_state:ok`.
+    /// every node reports `cluster_state:ok`. `redis-cli` waits for the nodes to agree with
+    /// no bound of its own, and once in a long while never sees them agree: after 60 s it
+    /// is stopped, and three new nodes are tried.
     pub fn start() -> Self {
+        for _ in 0..3 {
+            if let Some(cluster) = Self::try_start() {
+                return cluster;
+            }
+        }
+        panic!("no cluster came up in three tries");
+    }
+
+    fn try_start() -> Option<Self> {
         let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
         let mut create = Command::new(super::server::cli_binary());
         create.arg("--cluster").arg("create");
         for node in &nodes {
             create.arg(format!("127.0.0.1:{}", node.port()));
         }
-        let output = create
+        create
             .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("run redis-cli --cluster create");
-        assert!(output.status.success(), "cluster create failed: {output:?}");
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = create.spawn().expect("run redis-cli --cluster create");
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait for redis-cli") {
+                break status;
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                eprintln!("redis-cli --cluster create hung; trying new nodes");
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "cluster create failed: {status:?}");
         let cluster = Self { nodes };
         let start = Instant::now();
         while !cluster
@@ -38,7 +63,7 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        cluster
+        Some(cluster)
     }
 
     /// The nodes' URLs.
