@@ -19,8 +19,8 @@ use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
 use crate::mode::{self, Mode, Modes};
 use crate::observe::{finished, op_span};
-use crate::options::DEFAULT_WAITER_LEASE;
 use crate::options::Options;
+use crate::options::default_waiter_lease;
 use crate::policy::{self, Held, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
@@ -455,7 +455,6 @@ where
             ttl,
             fence: None,
             valid_until: sent.checked_add(valid_for).unwrap_or(sent),
-            extend: false,
             stragglers: Vec::new(),
         };
         Ok(Lock::new(self.inner.clone(), obtained))
@@ -541,7 +540,6 @@ where
             fence: won.fence,
             valid_until: won.valid_until,
             stragglers: won.stragglers,
-            extend: won.extend,
         };
         Ok(Lock::new(self.inner.clone(), obtained))
     }
@@ -564,7 +562,7 @@ where
         if self.inner.cluster {
             crate::slots::check_one_slot(keys, counter.as_deref())?;
         }
-        let fair = self.fair(keys, custom.is_none() && modes.is_none(), options)?;
+        let fair = self.fair(keys, custom.is_none() && modes.is_none(), ttl, options)?;
         let attempt = Attempt {
             client: self,
             keys,
@@ -599,8 +597,17 @@ where
     /// [`Options::fair`]): `plain` (a random token, every key exclusive), a strategy that
     /// waits at all, release events
     /// to hear its hand-off, one server or a cluster, and a queue for every key.
-    fn fair(&self, keys: &[String], plain: bool, options: &Options) -> Result<Option<Fair>> {
-        let lease = Ttl::new(options.waiter_lease.unwrap_or(DEFAULT_WAITER_LEASE))?;
+    fn fair(
+        &self,
+        keys: &[String],
+        plain: bool,
+        ttl: Ttl,
+        options: &Options,
+    ) -> Result<Option<Fair>> {
+        let lease = options
+            .waiter_lease
+            .unwrap_or_else(|| default_waiter_lease(ttl.duration));
+        let lease = Ttl::new(lease)?;
         let fair = plain
             && !options.barging
             && !matches!(options.retry, Retry::NoRetry)
@@ -663,8 +670,6 @@ struct Won {
     fence: Option<u64>,
     valid_until: Instant,
     stragglers: Stragglers,
-    /// A lock handed for less than its TTL: extend it (see [`Obtained::extend`]).
-    extend: bool,
 }
 
 impl<C> Attempt<'_, C>
@@ -730,7 +735,6 @@ where
                     fence,
                     valid_until,
                     stragglers,
-                    extend: false,
                 })
             }
             Ok(Obtain::Held { ttl, key, queued }) => Step::Held(Held { ttl, key, queued }),
@@ -748,15 +752,13 @@ where
 {
     /// The lock a release handed to `stint` and told it of, taken as it is, with nothing
     /// sent: its keys hold the stint's value for the time the hand-off gave, counted from
-    /// when the attempt it names was sent (see [`Stint::handed_until`]). When that is less
-    /// than its TTL, it is extended in the background at once (see [`Obtained::extend`]).
+    /// when the attempt it names was sent (see [`Stint::handed_until`]).
     ///
-    /// `None`, and an attempt makes the keys its own for the full TTL if they still are,
-    /// when there is no such lock, or when taking it as it is would not do: less than half of
-    /// what was handed (or of the TTL) is left; the obtain mints a fencing token (the
-    /// attempt does); or the lock needs extending on a current-thread runtime, where a
-    /// background task runs only once the holder yields, and a holder that works without
-    /// yielding would let the keys expire with what the hand-off gave.
+    /// Only when that leaves nearly the full TTL (7/8 of it: the waiter was handed the
+    /// lock soon after it last renewed, and its lease covered the TTL); otherwise, and for
+    /// an obtain that mints a fencing token, `None`: an attempt then makes the keys its own
+    /// for the full TTL, if they still are (one more round trip, where a hand-off came long
+    /// after the last renewal, or a short lease cut it).
     fn take_handed(&self, stint: Option<&Arc<Stint>>) -> Option<Won> {
         let (fair, stint) = (self.fair?, stint?);
         let handed = fair.take_handed()?;
@@ -764,11 +766,7 @@ where
         let until = stint.handed_until(&handed)?.checked_sub(drift)?;
         let ttl = self.ttl.duration;
         let left = until.saturating_duration_since(Instant::now());
-        let extend = handed.ttl < ttl;
-        if self.counter.is_some()
-            || left < handed.ttl.min(ttl) / 2
-            || (extend && on_current_thread_runtime())
-        {
+        if self.counter.is_some() || left < ttl - ttl / 8 {
             return None;
         }
         Some(Won {
@@ -777,16 +775,8 @@ where
             fence: None,
             valid_until: until,
             stragglers: Vec::new(),
-            extend,
         })
     }
-}
-
-/// Whether the caller runs on a current-thread tokio runtime.
-fn on_current_thread_runtime() -> bool {
-    tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
-        runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread
-    })
 }
 
 /// Checks a key set and its modes (see [`mode::split`]): a plain lock's modes are `None`.

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
@@ -39,20 +38,10 @@ pub struct Lock<C> {
     metadata: String,
     ttl: Ttl,
     fence: Option<u64>,
-    /// Shared with the extension of a handed lock (see [`Lock::extend_in_background`]).
-    validity: Arc<Mutex<Validity>>,
+    validity: Mutex<Validity>,
     /// Redlock: per-master work still finishing after an obtain or refresh was decided.
     stragglers: Mutex<Stragglers>,
-    /// The pending extension of a lock handed to a fair waiter, stopped by release or drop.
-    extension: Option<AbortHandle>,
 }
-
-/// Why the extension of a handed lock failed, for the log.
-const HANDED_LOST: &str = "its extension after a hand-off found its keys gone or taken over";
-const HANDED_UNEXTENDED: &str =
-    "extending a lock after a hand-off failed; retrying while it is valid";
-const HANDED_UNANSWERED: &str =
-    "its validity ran out while its extension after a hand-off was unanswered";
 
 /// Until when the lock is known to be valid.
 ///
@@ -133,9 +122,6 @@ pub(crate) struct Obtained {
     /// When the successful attempt was sent, plus the TTL, less any drift allowance.
     pub(crate) valid_until: Instant,
     pub(crate) stragglers: Stragglers,
-    /// A lock handed to a fair waiter for less than its TTL: extend it to the TTL, in the
-    /// background.
-    pub(crate) extend: bool,
 }
 
 impl<C> Lock<C>
@@ -143,7 +129,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     pub(crate) fn new(shared: Arc<Shared<C>>, obtained: Obtained) -> Self {
-        let mut lock = Self {
+        Self {
             shared,
             keys: obtained.keys,
             modes: obtained.modes,
@@ -151,64 +137,16 @@ where
             metadata: obtained.metadata,
             ttl: obtained.ttl,
             fence: obtained.fence,
-            validity: Arc::new(Mutex::new(Validity {
+            validity: Mutex::new(Validity {
                 until: obtained.valid_until,
                 basis: 0,
                 sent: 0,
                 unconfirmed: Vec::new(),
                 lost: false,
                 signal: None,
-            })),
+            }),
             stragglers: Mutex::new(obtained.stragglers),
-            extension: None,
-        };
-        if obtained.extend {
-            lock.extension = lock.extend_in_background();
         }
-        lock
-    }
-
-    /// Extends a lock handed to a fair waiter to its own TTL, in the background, at once: a
-    /// hand-off gives the keys no longer than the waiter's lease (a waiter that died must
-    /// not block them for long), and the validity counts from before the hand-off. A failed
-    /// extension is tried again while the lock is valid; it stops once the lock is
-    /// released, lost, or refreshed by its holder. A lock released before the task runs
-    /// costs nothing.
-    fn extend_in_background(&self) -> Option<AbortHandle> {
-        let shared = self.shared.clone();
-        let validity = self.validity.clone();
-        let claim = self
-            .claim(&self.owner.value(&self.metadata), self.ttl)
-            .to_shared();
-        let task = self.shared.tasks().spawn(async move {
-            let claim = claim.claim();
-            // Refreshes sent so far, all by this task.
-            let mut sent = 0;
-            loop {
-                let until = {
-                    let validity = lock_validity(&validity);
-                    if validity.lost || validity.sent != sent {
-                        return;
-                    }
-                    validity.until
-                };
-                let refreshed =
-                    tokio::time::timeout_at(until, refresh_keys(&shared, &validity, &claim));
-                sent += 1;
-                match refreshed.await {
-                    Ok((Ok(true), _)) => return,
-                    Ok((Ok(false), _)) => return found_lost(&validity, &claim, HANDED_LOST),
-                    Ok((Err(err), _)) => {
-                        tracing::warn!(%err, keys = claim.keys.len(), "{HANDED_UNEXTENDED}");
-                        // Again after a quarter of what is left.
-                        let left = until.saturating_duration_since(Instant::now());
-                        tokio::time::sleep((left / 4).max(Duration::from_millis(1))).await;
-                    }
-                    Err(_) => return found_lost(&validity, &claim, HANDED_UNANSWERED),
-                }
-            }
-        });
-        task.map(|task| task.abort_handle())
     }
 
     /// The first key of the lock.
@@ -258,7 +196,9 @@ where
     /// Until when the lock is known to be valid, by the local monotonic clock.
     ///
     /// It is the moment the last successful obtain or refresh was *sent*, plus its TTL (less
-    /// Redlock's drift allowance): the keys expire no earlier on the server. A refresh to a
+    /// Redlock's drift allowance): the keys expire no earlier on the server. A lock handed
+    /// to a fair waiter counts from the send of the waiter's attempt that ran before the
+    /// hand-off, for what the hand-off gave. A refresh to a
     /// shorter TTL makes it shorter. It never claims more than is known: a refresh counts as
     /// if it ran from the moment it is sent, when that would end the lock sooner (its outcome
     /// is unknown until it is confirmed, and a refresh whose caller went away may still run),
@@ -286,7 +226,8 @@ where
     }
 
     fn validity(&self) -> MutexGuard<'_, Validity> {
-        lock_validity(&self.validity)
+        // Validity is a plain value: a panic while holding the lock cannot corrupt it.
+        self.validity.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// What this lock claims, with its TTL (or a new one, for a refresh).
@@ -331,7 +272,8 @@ where
 
     /// The moment `sent` plus `ttl`, less the backend's drift allowance.
     fn valid_for(&self, sent: Instant, ttl: Duration) -> Instant {
-        valid_for(&self.shared, sent, ttl)
+        let valid_for = ttl.saturating_sub(self.shared.backend().drift(ttl));
+        sent.checked_add(valid_for).unwrap_or(sent)
     }
 
     /// The remaining time of the lock: the smallest remaining TTL across its keys, capped
@@ -407,12 +349,25 @@ where
 
     /// One refresh attempt; keeps the validity up to date.
     pub(crate) async fn refresh_once(&self, ttl: Ttl) -> Result<bool> {
+        let sent = Instant::now();
+        let until = self.valid_for(sent, ttl.duration);
+        let seq = {
+            let mut validity = self.validity();
+            if validity.until <= sent {
+                validity.lost();
+                return Ok(false);
+            }
+            validity.sending(until)
+        };
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, ttl);
-        let (refreshed, stragglers) = refresh_keys(&self.shared, &self.validity, &claim).await;
+        let (refreshed, stragglers) = self.shared.backend().refresh(&claim).await;
         self.keep(stragglers);
-        if let Ok(false) = refreshed {
-            self.found_lost("a refresh found its keys gone or taken over");
+        match &refreshed {
+            Ok(true) => self.validity().confirmed(seq, until),
+            Ok(false) => self.found_lost("a refresh found its keys gone or taken over"),
+            // It may have run (on some masters): the cap taken when sending stays.
+            Err(_) => {}
         }
         refreshed
     }
@@ -512,73 +467,15 @@ where
 
     /// Marks the lock lost, with a warning the first time it is found lost.
     pub(crate) fn found_lost(&self, why: &str) {
-        let value = self.owner.value(&self.metadata);
-        found_lost(&self.validity, &self.claim(&value, self.ttl), why);
-    }
-}
-
-impl<C> Drop for Lock<C> {
-    fn drop(&mut self) {
-        if let Some(extension) = &self.extension {
-            extension.abort();
-        }
-    }
-}
-
-fn lock_validity(validity: &Mutex<Validity>) -> MutexGuard<'_, Validity> {
-    // Validity is a plain value: a panic while holding the lock cannot corrupt it.
-    validity.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The moment `sent` plus `ttl`, less the backend's drift allowance.
-fn valid_for<C>(shared: &Shared<C>, sent: Instant, ttl: Duration) -> Instant
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let valid_for = ttl.saturating_sub(shared.backend().drift(ttl));
-    sent.checked_add(valid_for).unwrap_or(sent)
-}
-
-/// Refreshes the keys of `claim` once, to its TTL, keeping `validity` up to date; nothing is
-/// sent once the validity ran out (the keys may have been someone else's in between).
-async fn refresh_keys<C>(
-    shared: &Shared<C>,
-    validity: &Mutex<Validity>,
-    claim: &Claim<'_>,
-) -> (Result<bool>, Stragglers)
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let sent = Instant::now();
-    let until = valid_for(shared, sent, claim.ttl.duration);
-    let seq = {
-        let mut validity = lock_validity(validity);
-        if validity.until <= sent {
+        let first = {
+            let mut validity = self.validity();
+            let first = !validity.lost;
             validity.lost();
-            return (Ok(false), Vec::new());
+            first
+        };
+        if first {
+            tracing::warn!(keys = self.keys.len(), key = %self.key(), "lock lost: {why}");
         }
-        validity.sending(until)
-    };
-    let (refreshed, stragglers) = shared.backend().refresh(claim).await;
-    // Not confirmed: lost (the caller says so), or it may have run (on some masters): the
-    // cap taken when sending stays.
-    if let Ok(true) = &refreshed {
-        lock_validity(validity).confirmed(seq, until);
-    }
-    (refreshed, stragglers)
-}
-
-/// Marks a lock lost, with a warning the first time it is found lost.
-fn found_lost(validity: &Mutex<Validity>, claim: &Claim<'_>, why: &str) {
-    let first = {
-        let mut validity = lock_validity(validity);
-        let first = !validity.lost;
-        validity.lost();
-        first
-    };
-    if first {
-        let key = claim.keys.first().map_or("", String::as_str);
-        tracing::warn!(keys = claim.keys.len(), %key, "lock lost: {why}");
     }
 }
 

@@ -46,8 +46,14 @@ pub struct Options {
     limit: Option<Limit>,
 }
 
-/// How long a fair waiter's place in a queue lasts without renewal, by default.
-pub(crate) const DEFAULT_WAITER_LEASE: Duration = Duration::from_secs(2);
+/// How long a fair waiter's place in a queue lasts without renewal, by default, for a lock
+/// with time to live `ttl`: one and a half times the TTL, so that a hand-off (which gives
+/// the keys for no longer than what is left of the lease, at least two thirds of it between
+/// renewals) gives the full TTL; at least 2 s, and at most 15 s, which is then all a waiter
+/// that died can block a lock for.
+pub(crate) fn default_waiter_lease(ttl: Duration) -> Duration {
+    (ttl + ttl / 2).clamp(Duration::from_secs(2), Duration::from_secs(15))
+}
 
 impl Options {
     /// The retry strategy. Defaults to [`Retry::NoRetry`].
@@ -172,10 +178,14 @@ impl Options {
 
     /// How long a fair waiter's place in a queue lasts unless renewed: a waiter that
     /// crashed, or was cut off from Redis, stops holding up the queue within this time.
-    /// The waiter renews it every third of it while it waits. A lock handed to a waiter is
-    /// held for no longer than what was left of the waiter's lease, and extended to its TTL
-    /// halfway through (unless released before): a dead waiter blocks it no longer.
-    /// Defaults to 2 seconds; rounded up to whole milliseconds.
+    /// The waiter renews it every third of it while it waits.
+    ///
+    /// A lock handed to a waiter is held for no longer than what is left of its lease, so
+    /// a waiter that died blocks it no longer; the new holder takes it without a round trip
+    /// when that is (nearly) its full TTL, and otherwise makes it its own for the full TTL
+    /// by one more attempt. Defaults to one and a half times the lock's TTL (every hand-off
+    /// gives the full TTL, and a dead waiter costs no more than a dead holder), but at least
+    /// 2 s and at most 15 s. Rounded up to whole milliseconds.
     #[must_use]
     pub fn waiter_lease(mut self, lease: Duration) -> Self {
         self.waiter_lease = Some(lease);

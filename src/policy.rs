@@ -326,7 +326,7 @@ where
         // sleep now is kept for later).
         if let Some(until) = queued_until {
             let want = until.saturating_duration_since(now);
-            let drawn = draw(&mut backoff, banked + delay, want);
+            let drawn = draw(&mut backoff, banked.saturating_add(delay), want);
             delay = drawn.min(want);
             banked = drawn - delay;
         }
@@ -457,7 +457,7 @@ fn draw(backoff: &mut impl Iterator<Item = Duration>, first: Duration, want: Dur
     let mut total = first;
     while total < want {
         match backoff.next() {
-            Some(delay) if !delay.is_zero() => total += delay,
+            Some(delay) if !delay.is_zero() => total = total.saturating_add(delay),
             Some(_) => return want,
             None => break,
         }
