@@ -450,12 +450,21 @@ fn cut_at_deadline() -> RedisError {
     ))
 }
 
-/// Draws delays from `backoff` after `first` until they add up to `want`, or it runs out:
-/// how long a queued waiter may sleep. A zero delay (a strategy that never waits) covers
-/// any time.
+/// At most this many delays are drawn for one sleep of a queued waiter: a strategy of short
+/// delays (1 ms) would otherwise cost thousands of steps per wait, on the way to a hand-off
+/// that usually comes within a few of them. Such a waiter then renews its place more often
+/// than its lease needs.
+const DRAWN_AT_MOST: usize = 64;
+
+/// Draws delays from `backoff` after `first` until they add up to `want`, it runs out, or
+/// [`DRAWN_AT_MOST`] were drawn: how long a queued waiter may sleep. A zero delay (a
+/// strategy that never waits) covers any time.
 fn draw(backoff: &mut impl Iterator<Item = Duration>, first: Duration, want: Duration) -> Duration {
     let mut total = first;
-    while total < want {
+    for _ in 0..DRAWN_AT_MOST {
+        if total >= want {
+            break;
+        }
         match backoff.next() {
             Some(delay) if !delay.is_zero() => total = total.saturating_add(delay),
             Some(_) => return want,
@@ -486,4 +495,48 @@ fn at_deadline(failure: Error) -> Error {
 /// failing-over server.
 pub(crate) fn is_transient(err: &RedisError) -> bool {
     err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn draw_adds_delays_up_to_what_is_wanted() {
+        let mut delays = std::iter::repeat_n(MS * 10, 5);
+        assert_eq!(draw(&mut delays, MS * 10, MS * 25), MS * 30);
+        // Two of five were drawn, three are left for later.
+        assert_eq!(delays.count(), 3);
+    }
+
+    #[test]
+    fn draw_stops_when_the_strategy_runs_out() {
+        let mut delays = std::iter::repeat_n(MS * 10, 2);
+        assert_eq!(draw(&mut delays, MS * 10, Duration::from_secs(1)), MS * 30);
+    }
+
+    #[test]
+    fn a_zero_delay_covers_any_time() {
+        let mut delays = std::iter::repeat(Duration::ZERO);
+        assert_eq!(
+            draw(&mut delays, MS, Duration::from_secs(5)),
+            Duration::from_secs(5)
+        );
+    }
+
+    #[test]
+    fn draw_takes_a_bounded_number_of_short_delays() {
+        // A 1 ms strategy and a 5 s lease renewal: not 5,000 steps, but at most 64.
+        let mut delays = std::iter::repeat(MS);
+        let drawn = draw(&mut delays, MS, Duration::from_secs(5));
+        assert_eq!(drawn, MS * (DRAWN_AT_MOST as u32 + 1));
+    }
+
+    #[test]
+    fn endless_delays_never_overflow() {
+        let mut delays = std::iter::repeat(Duration::MAX);
+        assert_eq!(draw(&mut delays, MS, Duration::from_secs(5)), Duration::MAX);
+    }
 }
