@@ -604,17 +604,22 @@ where
         ttl: Ttl,
         options: &Options,
     ) -> Result<Option<Fair>> {
-        let lease = options
-            .waiter_lease
-            .unwrap_or_else(|| default_waiter_lease(ttl.duration));
-        let lease = Ttl::new(lease)?;
+        // A lease given is checked also where it does not apply.
+        let given = options.waiter_lease.map(Ttl::new).transpose()?;
         let fair = plain
             && !options.barging
             && !matches!(options.retry, Retry::NoRetry)
             && !self.backend().is_quorum()
             && !self.events().is_empty()
             && keys.iter().all(|key| crate::slots::has_queue(key));
-        Ok(fair.then(|| Fair::new(lease)))
+        if !fair {
+            return Ok(None);
+        }
+        let lease = match given {
+            Some(lease) => lease,
+            None => Ttl::new(default_waiter_lease(ttl.duration))?,
+        };
+        Ok(Some(Fair::new(lease)))
     }
 
     /// The fencing counter key, when `options` ask for fencing tokens.

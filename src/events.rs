@@ -103,6 +103,9 @@ struct Inner {
     channels: Mutex<HashMap<String, Channel>>,
     /// How many channels have waiters, readable without the lock on every release.
     watched: AtomicUsize,
+    /// How many channels `channels` holds (with waiters, or idle and maybe still
+    /// subscribed), readable without the lock on every obtain.
+    known: AtomicUsize,
     /// Releases already heard by a sibling listener (the masters of one quorum).
     heard: Option<Arc<Heard>>,
 }
@@ -334,6 +337,7 @@ impl Events {
                 sweeper: AtomicBool::new(false),
                 channels: Mutex::default(),
                 watched: AtomicUsize::new(0),
+                known: AtomicUsize::new(0),
                 heard,
             }),
         }
@@ -349,9 +353,9 @@ impl Events {
         grant: Option<&str>,
     ) -> Subscription {
         let mut channels = lock(&self.inner.channels);
-        let entry = channels
-            .entry(channel.to_owned())
-            .or_insert_with(|| Channel {
+        let entry = channels.entry(channel.to_owned()).or_insert_with(|| {
+            self.inner.known.fetch_add(1, Ordering::Relaxed);
+            Channel {
                 waiters: 0,
                 sharers: 0,
                 wakes: Arc::default(),
@@ -361,7 +365,8 @@ impl Events {
                 lapsed: false,
                 expected: Vec::new(),
                 grants: HashMap::new(),
-            });
+            }
+        });
         entry.waiters += 1;
         entry.sharers += usize::from(sharing);
         entry.idle_since = None;
@@ -390,6 +395,10 @@ impl Events {
     /// Whether the server has this client's subscription to `channel` now (other waiters
     /// keep it), as far as is known.
     pub(crate) fn is_live(&self, channel: &str) -> bool {
+        // Most obtains find none: no lock to take.
+        if self.inner.known.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
         lock(&self.inner.channels)
             .get(channel)
             .is_some_and(|entry| entry.state.is_subscribed())
@@ -932,6 +941,7 @@ async fn sweep(inner: &Inner) {
     for (name, _guard) in &idle {
         if channels.get(name).is_some_and(|c| c.waiters == 0) {
             channels.remove(name);
+            inner.known.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
