@@ -355,25 +355,10 @@ async fn a_handed_lock_is_not_taken_over_while_its_holder_works_within_its_ttl()
         .unwrap();
     let obtained = std::time::Instant::now();
     // Another process wants the lock too, polling every 100 ms.
-    let url = env.server.url();
-    let other = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(async move {
-            let client = Client::connect(&url).await.unwrap();
-            let options = Options::default()
-                .retry(Retry::linear(ms(100)))
-                .timeout(ms(2_800))
-                .fair(false);
-            client
-                .obtain("job", ms(60_000), &options)
-                .await
-                .map(|_| std::time::Instant::now())
-        })
-    });
+    let other = poller(env.server.url(), "job", 2_800);
     // Three seconds of work that does not yield (well within 60 s).
     std::thread::sleep(ms(3_000));
-    let taken_over = other.join().unwrap();
-    if let Ok(at) = taken_over {
+    if let Some(at) = other.join().unwrap() {
         panic!(
             "another client obtained the lock {:?} into a 60 s lock obtained from a hand-off, \
              while its holder was still working (valid_until was {:?} after obtain)",
@@ -430,12 +415,24 @@ async fn a_handed_lock_outlives_work_that_does_not_yield_on_a_multi_thread_runti
 /// queued waiter keeps for later never overflows.
 #[tokio::test]
 async fn a_queued_waiter_with_an_endless_interval_is_handed_the_lock() {
+    queued_with_then_handed(Retry::linear(Duration::MAX)).await;
+}
+
+/// The same when the endless interval comes after short ones.
+#[tokio::test]
+async fn a_queued_waiter_with_a_short_then_endless_interval_is_handed_the_lock() {
+    queued_with_then_handed(Retry::intervals([ms(1), ms(1), Duration::MAX])).await;
+}
+
+/// A waiter with strategy `retry` and a 300 ms lease queues, renews its place several
+/// times, and is handed the lock (an overflow would panic its obtain).
+async fn queued_with_then_handed(retry: Retry) {
     let env = Env::start().await;
     let held = hold(&env, "job").await;
     let other = env.other_client().await;
     let waiter = tokio::spawn(async move {
         let options = Options::default()
-            .retry(Retry::linear(Duration::MAX))
+            .retry(retry)
             .timeout(ms(30_000))
             .waiter_lease(ms(300));
         other.obtain("job", ms(60_000), &options).await
@@ -443,32 +440,6 @@ async fn a_queued_waiter_with_an_endless_interval_is_handed_the_lock() {
     queued_up_to(&env, "job", 1).await;
     // Several lease renewals (every 100 ms).
     tokio::time::sleep(ms(1_000)).await;
-    held.release().await.unwrap();
-    let obtained = timeout(HANDED_WITHIN, waiter)
-        .await
-        .expect("handed within 2 s");
-    let lock = match obtained {
-        Ok(lock) => lock.expect("obtained"),
-        Err(err) => panic!("the waiter's obtain panicked: {err}"),
-    };
-    lock.release().await.unwrap();
-}
-
-/// The same when the endless interval comes after short ones.
-#[tokio::test]
-async fn a_queued_waiter_with_a_short_then_endless_interval_is_handed_the_lock() {
-    let env = Env::start().await;
-    let held = hold(&env, "job").await;
-    let other = env.other_client().await;
-    let waiter = tokio::spawn(async move {
-        let options = Options::default()
-            .retry(Retry::intervals([ms(1), ms(1), Duration::MAX]))
-            .timeout(ms(30_000))
-            .waiter_lease(ms(300));
-        other.obtain("job", ms(60_000), &options).await
-    });
-    // (It queues and panics at once: its clean-up empties the queue again.)
-    tokio::time::sleep(ms(500)).await;
     held.release().await.unwrap();
     let obtained = timeout(HANDED_WITHIN, waiter)
         .await
