@@ -166,6 +166,16 @@ struct Grant {
 }
 
 impl Channel {
+    /// The subscription lapsed, or came back: a release may have gone unheard. Wakes a
+    /// waiter as for a release, and every fair waiter: each may have missed its own
+    /// hand-off notice (its attempt finds the keys its own, or renews its place).
+    fn missed(&self) {
+        self.wake();
+        for grant in self.grants.values() {
+            grant.notify.notify_one();
+        }
+    }
+
     /// Wakes a waiter for a release: one, since the key can go to one; or, while some
     /// waiter would share it, every waiter (each sees for itself whether it may go in, and
     /// a waiting writer must not sleep through the release a reader could not use).
@@ -545,7 +555,7 @@ impl Inner {
             entry.state.unsubscribed();
             entry.lapsed = true;
             if entry.waiters > 0 {
-                entry.wake();
+                entry.missed();
             }
         }
     }
@@ -613,7 +623,7 @@ impl Inner {
                 self.with_channel(channel, |_, entry| {
                     entry.state.subscribed.send_replace(Some(generation));
                     if std::mem::take(&mut entry.lapsed) && entry.waiters > 0 {
-                        entry.wake();
+                        entry.missed();
                     }
                 });
             }
@@ -623,7 +633,7 @@ impl Inner {
                 self.with_channel(channel, |_, entry| {
                     if entry.state.unsubscribed() && entry.waiters > 0 {
                         entry.lapsed = true;
-                        entry.wake();
+                        entry.missed();
                     }
                 });
             }
