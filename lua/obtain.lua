@@ -99,9 +99,10 @@ local function lock_keys()
   return keys
 end
 
--- Success: a fair waiter leaves the queues it was in.
+-- Success: a fair waiter leaves the queues it may be in: any attempt after its first may
+-- have queued, also one whose record has expired since (its entries outlive the record).
 local function won(fence)
-  if fair and redis.call('EXISTS', member) == 1 then
+  if fair and turn ~= '1' then
     dequeue(member, lock_keys())
   end
   return {1, fence}

@@ -127,6 +127,40 @@ async fn a_cancelled_obtain_leaves_no_queue_entry() {
     assert_eq!(env.dbsize().await, 0);
 }
 
+/// A waiter stalled past its lease (its record expired) while the holder's key expired: its
+/// next attempt finds the key free and wins, and leaves the queue even so.
+#[tokio::test]
+async fn a_waiter_whose_lease_lapsed_leaves_the_queue_when_it_wins() {
+    let env = Env::start().await;
+    let _held = hold(&env, "job").await;
+    let other = env.other_client().await;
+    let options = Options::default()
+        .retry(Retry::linear(ms(20)))
+        .waiter_lease(ms(300))
+        .timeout(ms(60_000));
+    let waiter = wait_for(&other, "job", options);
+    queued_up_to(&env, "job", 1).await;
+    let member: Vec<String> = env.cmd(&["ZRANGE", "{job}:lockset:queue", "0", "0"]).await;
+    // Both at once: no renewal of the record comes between.
+    let _: () = env
+        .cmd(&[
+            "EVAL",
+            "redis.call('DEL', KEYS[1], KEYS[2])",
+            "2",
+            "job",
+            &member[0],
+        ])
+        .await;
+    let lock = handed(ms(10_000), waiter, "the waiter won by an attempt").await;
+    assert_eq!(
+        queued(&env, "job").await,
+        0,
+        "a queue entry was left behind"
+    );
+    lock.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0);
+}
+
 #[tokio::test]
 async fn a_waiter_whose_deadline_passes_leaves_the_queue_at_once() {
     let env = Env::start().await;

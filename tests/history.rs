@@ -3,7 +3,8 @@
 //! faults; every holder's belief is recorded on one monotonic clock and checked: no two
 //! owners believe they hold one key at the same moment, fencing tokens increase in the order
 //! beliefs start, every obtain returns within its deadline + 250 ms, nothing is left behind
-//! once every client stopped and the longest TTL passed, and memory stays bounded.
+//! once every client stopped and the longest TTL passed (waiter queues: three of the longest
+//! lease), and memory stays bounded.
 //!
 //! Ignored by default; `LOCKSET_HISTORY_SECS` is the total time, shared by the topologies
 //! (they run one after another):

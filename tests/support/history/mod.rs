@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use faults::{Plan, Targets};
 use record::{History, Stats};
-use workload::{MAX_TTL, Worker};
+use workload::{MAX_LEASE, MAX_TTL, Worker};
 
 /// Resident memory may grow this much between the warm-up and the end of a run.
 pub const RSS_GROWTH_LIMIT_KIB: u64 = 48 * 1024;
@@ -37,7 +37,8 @@ pub struct Setup<C> {
 pub struct Outcome {
     pub violations: Vec<String>,
     pub misses: Vec<String>,
-    /// Lock keys still on a server after every client stopped and the longest TTL passed.
+    /// Lock keys still on a server after every client stopped and the longest TTL passed
+    /// (waiter queues and records: three of the longest lease).
     pub leftovers: Vec<String>,
     /// Background tasks (watchdogs, clean-ups) still running then.
     pub background: usize,
@@ -132,7 +133,7 @@ where
     let background = settle(&setup.clients).await;
     // Commands queued in a paused server ran when it resumed: give their keys a full TTL.
     tokio::time::sleep(MAX_TTL + Duration::from_millis(250)).await;
-    let leftovers = setup.targets.servers.leftover_keys().await;
+    let leftovers = leftovers(&setup.targets).await;
     let stats = history.stats();
     let summary = summary(
         &history,
@@ -148,6 +149,22 @@ where
         background,
         rss_kib: (rss_before, rss_after),
         summary,
+    }
+}
+
+/// Keys still on the servers: lock keys now (the longest TTL passed), waiter queues and
+/// records once they had their own time. A waiter whose leave a fault stopped (a killed
+/// connection, a paused server) leaves its record until its lease ends, and its queue
+/// entries until the queue expires, three leases after the last waiter joined.
+async fn leftovers(targets: &Targets) -> Vec<String> {
+    let is_queue = |key: &String| key.contains(":lockset:queue");
+    let start = Instant::now();
+    loop {
+        let keys = targets.servers.leftover_keys().await;
+        if !keys.iter().any(is_queue) || start.elapsed() > 3 * MAX_LEASE {
+            return keys;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -20,6 +20,9 @@ use crate::support::ms;
 /// The shortest and longest TTL any operation asks for.
 pub const MIN_TTL: Duration = Duration::from_millis(30);
 pub const MAX_TTL: Duration = Duration::from_millis(500);
+/// The longest waiter lease: the default for any TTL up to 1.33 s (explicit ones are
+/// shorter).
+pub const MAX_LEASE: Duration = Duration::from_secs(2);
 
 /// One client (as if one process) and what it draws its operations from.
 pub struct Worker<C> {
