@@ -46,7 +46,7 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
-const ROUNDS: usize = 11;
+const ROUNDS: usize = 21;
 const ROUND: Duration = Duration::from_millis(500);
 /// Tasks contending in W2.
 const CONTENDERS: usize = 8;

@@ -21,7 +21,7 @@ use crate::mode::{self, Mode, Modes};
 use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::options::default_waiter_lease;
-use crate::policy::{self, Held, Step, Waiter, Watch};
+use crate::policy::{self, Held, Limit, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
 use crate::retry::Retry;
@@ -580,8 +580,13 @@ where
             client: self,
             fair: fair.as_ref(),
         };
-        let won = policy::run(&options.retry, deadline, &mut waiter, watch, |how| {
-            attempt.run(how)
+        let limit = Limit {
+            start,
+            deadline,
+            timer: self.inner.deadlines(),
+        };
+        let won = policy::run(&options.retry, limit, &mut waiter, watch, |how, sent| {
+            attempt.run(how, sent)
         })
         .await;
         if won.is_ok()
@@ -690,7 +695,9 @@ where
     /// deadline, or cancelled). For a random token, release by token then, in the
     /// background: on the same connection, after the obtain. A custom token may already
     /// have held these keys before this call, so they are left to expire with the TTL.
-    async fn run(&self, how: Try) -> Step<Won> {
+    ///
+    /// `sent`: a moment before the attempt is sent, where its validity counts from.
+    async fn run(&self, how: Try, sent: Instant) -> Step<Won> {
         // A fair obtain keeps its token while it queues (see `fair.rs`).
         let stint = self.fair.map(Fair::stint);
         if let Some(won) = self.take_handed(stint.as_ref()) {
@@ -713,7 +720,6 @@ where
             ticket: ticket.as_ref(),
         };
         let random = self.custom.is_none();
-        let sent = Instant::now();
         let mut cleanup = CleanupOnDrop {
             attempt: random.then_some((self.client, &claim)),
         };

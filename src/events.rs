@@ -977,12 +977,12 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Runs `future` up to its first pending point (for a Redis command: queued on the
-/// connection), then `then`, then the rest of `future`.
+/// connection), then `then`, then the rest of `future`. The future is pinned by the caller
+/// (moving it would copy it whole).
 pub(crate) async fn after_queueing<F: std::future::Future>(
-    future: F,
+    mut future: std::pin::Pin<&mut F>,
     then: impl FnOnce(),
 ) -> F::Output {
-    let mut future = std::pin::pin!(future);
     let first = std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await;
     then();
     match first {

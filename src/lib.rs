@@ -79,6 +79,7 @@
 
 mod backend;
 mod client;
+mod deadline;
 mod error;
 mod events;
 mod fair;

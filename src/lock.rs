@@ -1,6 +1,7 @@
 //! A held lock: its keys and token, and the operations only its owner may perform.
 
 use std::fmt;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -105,9 +106,14 @@ impl Validity {
     }
 
     fn lost(&mut self) {
+        self.lost_at(Instant::now());
+    }
+
+    /// Lost (or released) since `at`, a moment already passed.
+    fn lost_at(&mut self, at: Instant) {
         self.lost = true;
         self.unconfirmed.clear();
-        self.at_most(Instant::now());
+        self.at_most(at);
     }
 }
 
@@ -328,12 +334,17 @@ where
         let deadline = options.deadline_from(start, ttl.duration);
         let span = op_span!("lockset.refresh", &self.keys);
         let mut watch = Watch::new(&self.keys, options.on_retry.as_ref());
+        let limit = policy::Limit {
+            start,
+            deadline,
+            timer: self.shared.deadlines(),
+        };
         let refreshed = policy::run(
             &options.retry,
-            deadline,
+            limit,
             &mut Waiter::sleeping(),
             &mut watch,
-            |_| async move {
+            |_, _| async move {
                 match self.refresh_once(ttl).await {
                     Ok(true) => Step::Done(()),
                     Ok(false) => Step::Stop(Error::NotObtained),
@@ -385,13 +396,14 @@ where
     pub(crate) async fn release_keys(&self) -> Result<()> {
         let start = Instant::now();
         let span = op_span!("lockset.release", &self.keys);
-        let released = self.release_once().instrument(span.clone()).await;
+        let released = self.release_once(start).instrument(span.clone()).await;
         finished(&span, 1, start, &released);
         released
     }
 
-    async fn release_once(&self) -> Result<()> {
-        self.mark_lost();
+    /// Releases once; `start`: when the release was called (it is over from then on).
+    async fn release_once(&self, start: Instant) -> Result<()> {
+        self.validity().lost_at(start);
         self.settle().await;
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, self.ttl);
@@ -404,7 +416,7 @@ where
             () if named => Some(release_payload()),
             () => Some(String::new()),
         };
-        let release = self.shared.backend().release(&claim, payload.as_deref());
+        let mut release = pin!(self.shared.backend().release(&claim, payload.as_deref()));
         let released = match (events, &payload) {
             // A waiter of this very client: hand over as soon as the release is on its way.
             ([events], Some(payload)) if events.channels() > 0 => {
@@ -415,7 +427,7 @@ where
                     }
                 };
                 let reloads = self.shared.backend().script_reloads();
-                let released = after_queueing(release, hand_over).await;
+                let released = after_queueing(release.as_mut(), hand_over).await;
                 if !matches!(released, Ok(true)) {
                     // Nothing was announced: no announcement is to be skipped.
                     for channel in channels() {
@@ -459,10 +471,6 @@ where
 
     pub(crate) fn shared(&self) -> &Shared<C> {
         &self.shared
-    }
-
-    fn mark_lost(&self) {
-        self.validity().lost();
     }
 
     /// Marks the lock lost, with a warning the first time it is found lost.

@@ -3,11 +3,13 @@
 //! nothing about Lua or Redis replies; attempts tell it whether to stop or to try again.
 
 use std::future::Future;
+use std::pin::pin;
 use std::time::Duration;
 
 use redis::{RedisError, RetryMethod};
 use tokio::time::Instant;
 
+use crate::deadline::Deadlines;
 use crate::error::{Error, Result};
 use crate::events::{Events, Subscription};
 use crate::fair::Fair;
@@ -266,15 +268,23 @@ impl<'a> Waiter<'a> {
 /// changing cannot spin.
 pub(crate) async fn run<T, F, Fut>(
     retry: &Retry,
-    deadline: Option<Instant>,
+    limit: Limit<'_>,
     waiter: &mut Waiter<'_>,
     watch: &mut Watch<'_>,
     mut attempt: F,
 ) -> Result<T>
 where
-    F: FnMut(Try) -> Fut,
+    F: FnMut(Try, Instant) -> Fut,
     Fut: Future<Output = Step<T>>,
 {
+    let Limit {
+        start,
+        deadline,
+        timer,
+    } = limit;
+    // The first attempt goes out right after the start: no clock read for it (on some
+    // machines one costs a tenth of an uncontended attempt's own work).
+    let mut first = Some(start);
     let mut backoff = retry.backoff().peekable();
     waiter.join_live();
     let mut rechecked = false;
@@ -283,6 +293,8 @@ where
     // Time a queued waiter drew from the strategy and has not slept yet.
     let mut banked = Duration::ZERO;
     loop {
+        // When this attempt is sent, at the earliest.
+        let sending = first.take().unwrap_or_else(Instant::now);
         let how = Try {
             mark_holder: waiter.marking(),
             // Nothing but the holder's expiry can wake a waiter that cannot listen.
@@ -292,7 +304,12 @@ where
         };
         watch.attempts += 1;
         waiter.attempting();
-        let Some(step) = until_deadline(deadline, attempt(how)).await else {
+        // Pinned here, where it is made, and only while it runs.
+        let step = {
+            let attempt = pin!(attempt(how, sending));
+            timer.bound(attempt_limit(deadline, sending), attempt).await
+        };
+        let Some(step) = step else {
             // The attempt, dropped, cleans up after itself in the background.
             return Err(Error::UnknownOutcome(cut_at_deadline()));
         };
@@ -426,19 +443,17 @@ impl<'a> Watch<'a> {
 /// wasted; a server that does not answer delays the caller by no more than this.
 const ATTEMPT_GRACE: Duration = Duration::from_millis(100);
 
-/// Runs `attempt` to its end, or gives it up (then `None`) once both the deadline and
-/// [`ATTEMPT_GRACE`] from now have passed.
-async fn until_deadline<T>(
-    deadline: Option<Instant>,
-    attempt: impl Future<Output = T>,
-) -> Option<T> {
-    match deadline {
-        Some(deadline) => {
-            let limit = deadline.max(Instant::now() + ATTEMPT_GRACE);
-            tokio::time::timeout_at(limit, attempt).await.ok()
-        }
-        None => Some(attempt.await),
-    }
+/// Until when an attempt sent at `sending` may run: the deadline, or [`ATTEMPT_GRACE`]
+/// after `sending` if that is later; unbounded without a deadline.
+fn attempt_limit(deadline: Option<Instant>, sending: Instant) -> Option<Instant> {
+    deadline.map(|deadline| deadline.max(sending + ATTEMPT_GRACE))
+}
+
+/// When an operation started, until when its attempts may run, and what holds them to it.
+pub(crate) struct Limit<'a> {
+    pub(crate) start: Instant,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) timer: &'a Deadlines,
 }
 
 /// The error of an attempt still waiting for Redis when the deadline passed: its outcome is

@@ -102,15 +102,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// key found held by the script-free path is asked for its TTL (a second round trip,
     /// only when held).
     pub(crate) async fn obtain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
+        // The script paths' futures are boxed: every caller's future would otherwise carry
+        // (and copy, each time it moves) room for them, also on the common path without.
         if let Some(modes) = claim.modes {
-            return self.obtain_by_modes(claim, modes, how).await;
+            return Box::pin(self.obtain_by_modes(claim, modes, how)).await;
         }
         match self.obtain_plain(claim, how).await {
             // Maybe a key that locks with modes hold shared or as permits: only their
             // script knows (one more round trip, only for such keys).
             Err(Error::WrongType { key }) if claim.keys.contains(&key) => {
                 let modes = Modes::exclusive(claim.keys.len());
-                self.obtain_by_modes(claim, &modes, how).await
+                Box::pin(self.obtain_by_modes(claim, &modes, how)).await
             }
             outcome => outcome,
         }
@@ -137,8 +139,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 outcome => return Ok(outcome),
             }
         }
-        self.obtain_by_script(claim, how.mark_holder || queue.is_some(), queue)
-            .await
+        Box::pin(self.obtain_by_script(claim, how.mark_holder || queue.is_some(), queue)).await
     }
 
     /// Tries once to lock every key of `claim` in its mode, by `modes.lua`.
