@@ -580,11 +580,7 @@ where
             client: self,
             fair: fair.as_ref(),
         };
-        let limit = Limit {
-            start,
-            deadline,
-            timer: self.inner.deadlines(),
-        };
+        let limit = Limit { start, deadline };
         let won = policy::run(&options.retry, limit, &mut waiter, watch, |how, sent| {
             attempt.run(how, sent)
         })

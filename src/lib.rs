@@ -79,7 +79,6 @@
 
 mod backend;
 mod client;
-mod deadline;
 mod error;
 mod events;
 mod fair;

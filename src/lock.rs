@@ -334,11 +334,7 @@ where
         let deadline = options.deadline_from(start, ttl.duration);
         let span = op_span!("lockset.refresh", &self.keys);
         let mut watch = Watch::new(&self.keys, options.on_retry.as_ref());
-        let limit = policy::Limit {
-            start,
-            deadline,
-            timer: self.shared.deadlines(),
-        };
+        let limit = policy::Limit { start, deadline };
         let refreshed = policy::run(
             &options.retry,
             limit,

@@ -9,7 +9,6 @@ use std::time::Duration;
 use redis::{RedisError, RetryMethod};
 use tokio::time::Instant;
 
-use crate::deadline::Deadlines;
 use crate::error::{Error, Result};
 use crate::events::{Events, Subscription};
 use crate::fair::Fair;
@@ -268,7 +267,7 @@ impl<'a> Waiter<'a> {
 /// changing cannot spin.
 pub(crate) async fn run<T, F, Fut>(
     retry: &Retry,
-    limit: Limit<'_>,
+    limit: Limit,
     waiter: &mut Waiter<'_>,
     watch: &mut Watch<'_>,
     mut attempt: F,
@@ -277,11 +276,7 @@ where
     F: FnMut(Try, Instant) -> Fut,
     Fut: Future<Output = Step<T>>,
 {
-    let Limit {
-        start,
-        deadline,
-        timer,
-    } = limit;
+    let Limit { start, deadline } = limit;
     // The first attempt goes out right after the start: no clock read for it (on some
     // machines one costs a tenth of an uncontended attempt's own work).
     let mut first = Some(start);
@@ -307,7 +302,10 @@ where
         // Pinned here, where it is made, and only while it runs.
         let step = {
             let attempt = pin!(attempt(how, sending));
-            timer.bound(attempt_limit(deadline, sending), attempt).await
+            match attempt_limit(deadline, sending) {
+                Some(limit) => tokio::time::timeout_at(limit, attempt).await.ok(),
+                None => Some(attempt.await),
+            }
         };
         let Some(step) = step else {
             // The attempt, dropped, cleans up after itself in the background.
@@ -449,11 +447,10 @@ fn attempt_limit(deadline: Option<Instant>, sending: Instant) -> Option<Instant>
     deadline.map(|deadline| deadline.max(sending + ATTEMPT_GRACE))
 }
 
-/// When an operation started, until when its attempts may run, and what holds them to it.
-pub(crate) struct Limit<'a> {
+/// When an operation started, and until when its attempts may run.
+pub(crate) struct Limit {
     pub(crate) start: Instant,
     pub(crate) deadline: Option<Instant>,
-    pub(crate) timer: &'a Deadlines,
 }
 
 /// The error of an attempt still waiting for Redis when the deadline passed: its outcome is

@@ -1,11 +1,10 @@
 //! What a client, its clones and every lock it made share: the backend, the background
-//! tasks, the deadline timer, and the release events.
+//! tasks, and the release events.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::Backend;
-use crate::deadline::Deadlines;
 use crate::events::Events;
 use crate::tasks::Tasks;
 
@@ -16,8 +15,6 @@ pub(crate) struct Shared<C> {
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) cluster: bool,
     pub(crate) tasks: Tasks,
-    /// What bounds attempts by their deadline.
-    pub(crate) deadlines: Deadlines,
     /// Release events this client's waiters listen to: one server's, or each master's.
     pub(crate) events: OnceLock<Box<[Events]>>,
     /// Whether waiters listen to `events` (`Client::without_release_events` turns it off).
@@ -34,7 +31,6 @@ impl<C> Shared<C> {
             backend,
             cluster,
             tasks,
-            deadlines: Deadlines::new(),
             events: OnceLock::new(),
             listen: AtomicBool::new(true),
             announce: AtomicBool::new(true),
@@ -48,10 +44,6 @@ impl<C> Shared<C> {
 
     pub(crate) fn tasks(&self) -> &Tasks {
         &self.tasks
-    }
-
-    pub(crate) fn deadlines(&self) -> &Deadlines {
-        &self.deadlines
     }
 
     /// The release events this client's waiters listen to (none when turned off): one
