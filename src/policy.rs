@@ -277,8 +277,8 @@ where
     Fut: Future<Output = Step<T>>,
 {
     let Limit { start, deadline } = limit;
-    // The first attempt goes out right after the start: no clock read for it (on some
-    // machines one costs a tenth of an uncontended attempt's own work).
+    // The first attempt goes out right after the start, which serves as its send time
+    // (earlier than the send: its validity counts short, never long).
     let mut first = Some(start);
     let mut backoff = retry.backoff().peekable();
     waiter.join_live();

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use lockset::redis::aio::ConnectionManager;
 use lockset::{Client, Options, Retry};
-use support::fair::{HANDED_WITHIN, hold, queued_up_to, slow_polling, wait_for_keys};
+use support::fair::{HANDED_WITHIN, handed, hold, queued_up_to, slow_polling, wait_for_keys};
 use support::proxy::Proxy;
 use support::{Env, eventually, ms};
 use tokio::time::{Instant, timeout};
@@ -47,22 +47,19 @@ async fn a_barging_waiter_hears_of_a_key_freed_after_a_hand_off() {
     let fair = wait_for_keys(&fair_client, vec!["job"], slow_polling());
     queued_up_to(&env, "job", 1).await;
     held.release().await.unwrap();
-    let handed = timeout(HANDED_WITHIN, fair)
-        .await
-        .expect("handed to the fair waiter")
-        .unwrap()
-        .unwrap();
+    let first = handed(HANDED_WITHIN, fair, "handed to the fair waiter").await;
     assert!(
         env.get("job").await.unwrap().starts_with('!'),
         "still marked"
     );
-    handed.release().await.unwrap();
+    first.release().await.unwrap();
     let freed = Instant::now();
-    let lock = timeout(HANDED_WITHIN, barging)
-        .await
-        .expect("the barging waiter was told that the key is free")
-        .unwrap()
-        .unwrap();
+    let lock = handed(
+        HANDED_WITHIN,
+        barging,
+        "the barging waiter was told that the key is free",
+    )
+    .await;
     assert!(freed.elapsed() < HANDED_WITHIN, "{:?}", freed.elapsed());
     lock.release().await.unwrap();
 }
@@ -348,11 +345,7 @@ async fn a_handed_lock_is_not_taken_over_while_its_holder_works_within_its_ttl()
     let waiter = wait_for_keys(&holder, vec!["job"], slow_polling());
     queued_up_to(&env, "job", 1).await;
     held.release().await.unwrap();
-    let lock = timeout(HANDED_WITHIN, waiter)
-        .await
-        .expect("handed over")
-        .unwrap()
-        .unwrap();
+    let lock = handed(HANDED_WITHIN, waiter, "handed over").await;
     let obtained = std::time::Instant::now();
     // Another process wants the lock too, polling every 100 ms.
     let other = poller(env.server.url(), "job", 2_800);
