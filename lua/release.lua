@@ -3,13 +3,16 @@
 -- "!"), so that waiters can try at once instead of polling. A release nobody waits for
 -- announces nothing.
 --
--- ARGV[1]  owner tag: "<token length>:<token>"
--- ARGV[2]  the lock's value: owner tag followed by its metadata
--- ARGV[3]  "PUBLISH", "SPUBLISH", or empty for no announcement
--- ARGV[4]  the announcement's payload
--- ARGV[5]  the id of a fair waiter that gives up (else empty): it leaves the queues of KEYS,
+-- ARGV[1]  the lock's value: the owner tag "<token length>:<token>" followed by its metadata
+-- ARGV[2]  "PUBLISH", "SPUBLISH", or empty for no announcement
+-- ARGV[3]  the announcement's payload
+-- ARGV[4]  the id of a fair waiter that gives up (else empty): it leaves the queues of KEYS,
 --          and releases the lock if it was handed it
--- ARGV[6]  "PUBLISH" or "SPUBLISH": how a waiter is told that it was handed the lock
+-- ARGV[5]  "PUBLISH" or "SPUBLISH": how a waiter is told that it was handed the lock
+--
+-- Only ARGV[1] is required: the rest default to PUBLISH, an empty payload, no waiter leaving
+-- and PUBLISH, the common case, which so costs the server one argument (each costs it about as
+-- much as the GET and the DEL together).
 --
 -- A key somebody queues for (see queue.lua) is not left free: it is handed, in the same
 -- step, to the first waiter in its queue that can take its whole lock (then told so on its
@@ -22,11 +25,11 @@
 -- anything is announced. Announcing is best effort (redis.pcall): a user without channel
 -- rights (Redis 7's default `acl-pubsub-default resetchannels`) or a server without the
 -- command still releases every key. Keys are read and deleted in chunks, one command each.
-local value = ARGV[2]
+local value = ARGV[1]
 local count = #KEYS
 local CHUNK = 1000
 -- A fair waiter that gives up (its id), else nil.
-local leaving = ARGV[5] ~= nil and ARGV[5] ~= '' and ARGV[5] or nil
+local leaving = ARGV[4] ~= nil and ARGV[4] ~= '' and ARGV[4] or nil
 
 -- The common case first, with nothing to set up: every key holds exactly our value (nobody
 -- waits, the metadata is unchanged). String comparison is a pointer comparison in Lua.
@@ -57,7 +60,7 @@ end
 
 -- The slow path: somebody waits, the metadata changed, or the lock is not held as it was.
 -- (queue.lua goes here)
-local notice = ARGV[6] or ''
+local notice = ARGV[5] or 'PUBLISH'
 -- Redis before 7.0 has no sharded pub/sub: a cluster's waiters listen with SUBSCRIBE there.
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 if notice == 'SPUBLISH' and not redis7 then
@@ -175,8 +178,11 @@ if leaving and queue_of(KEYS[1]) then
   dequeue(record_of(KEYS, leaving), KEYS)
 end
 
-local owner, announce, payload = ARGV[1], ARGV[3], ARGV[4]
-local n = #owner
+local announce, payload = ARGV[2] or 'PUBLISH', ARGV[3] or ''
+-- The owner tag leads the value, and spells out its own length.
+local digits = string.match(value, '^%d+')
+local n = #digits + 1 + tonumber(digits)
+local owner = string.sub(value, 1, n)
 
 if announce == 'SPUBLISH' and not redis7 then
   announce = 'PUBLISH'

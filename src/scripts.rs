@@ -48,6 +48,10 @@ pub(crate) static RELEASE: LazyLock<Lua> =
 pub(crate) static MODES: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("../lua/modes.lua").to_owned()));
 
+/// How releases are announced on a single server, and what `release.lua` assumes when not
+/// told otherwise.
+pub(crate) const PUBLISH: &str = "PUBLISH";
+
 /// Reply of `obtain.lua` for success: `{OBTAINED, fence}`.
 pub(crate) const OBTAINED: i64 = 1;
 /// Reply of `obtain.lua` when another owner holds a key: `{HELD, pttl, index}`.

@@ -90,7 +90,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             reloads: AtomicU64::new(0),
             // A standalone server: plain pub/sub. (redis-rs subscribes to sharded channels
             // only over cluster connections, and a single server gains nothing from them.)
-            announce: "PUBLISH",
+            announce: scripts::PUBLISH,
         }
     }
 
@@ -304,16 +304,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                     .await?
             }
             None => {
-                let args = (
-                    claim.owner.tag(),
-                    claim.value,
-                    announce,
-                    payload,
-                    leaving,
-                    self.announce,
-                );
-                self.send(&scripts::RELEASE, claim.keys, None, args, sending)
-                    .await?
+                // The common case is the script's default, and then goes without the rest:
+                // every argument costs the server about as much as a command.
+                let common = announce == scripts::PUBLISH
+                    && payload.is_empty()
+                    && leaving.is_empty()
+                    && self.announce == scripts::PUBLISH;
+                let rest = (!common).then_some((announce, payload, leaving, self.announce));
+                self.send(
+                    &scripts::RELEASE,
+                    claim.keys,
+                    None,
+                    (claim.value, rest),
+                    sending,
+                )
+                .await?
             }
         };
         Ok(Holding::from_reply(done, ()))
