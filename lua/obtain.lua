@@ -1,18 +1,18 @@
 -- Locks every key in KEYS, or none of them (MSETNX semantics, re-entrant by owner).
 --
 -- KEYS     the lock's keys; with fencing, followed by the fencing counter key
--- ARGV[1]  owner tag: "<token length>:<token>"; it starts every value this owner writes
--- ARGV[2]  the full value to store: owner tag followed by the caller's metadata
--- ARGV[3]  time to live in milliseconds
--- ARGV[4]  "1" when the last key is a fencing counter to increment on success (never to
---          below the server's clock in microseconds, see below)
--- ARGV[5]  "1" when the caller waits for a held key: mark the holder's value with a leading
---          "!" so that its release announces itself (see release.lua)
--- ARGV[6]  for a fair waiter: its lease in milliseconds (else empty or absent). A fair
+-- ARGV[1]  the value to store: the owner tag "<token length>:<token>" (see owner.lua)
+--          followed by the caller's metadata
+-- ARGV[2]  time to live in milliseconds
+-- ARGV[3]  "1" when the last key is a fencing counter to increment on success (never to
+--          below the server's clock in microseconds, see below); absent: "0"
+-- ARGV[4]  "1" when the caller waits for a held key: mark the holder's value with a leading
+--          "!" so that its release announces itself (see release.lua); absent: "0"
+-- ARGV[5]  for a fair waiter: its lease in milliseconds (else empty or absent). A fair
 --          waiter that finds a key held queues on every key (see queue.lua), or renews its
 --          lease; once it has the lock it leaves the queues
--- ARGV[7]  for a fair waiter: its id
--- ARGV[8]  for a fair waiter: this attempt's turn (1, 2, ... within one id). The waiter's
+-- ARGV[6]  for a fair waiter: its id
+-- ARGV[7]  for a fair waiter: this attempt's turn (1, 2, ... within one id). The waiter's
 --          record keeps the turn that last queued or renewed it, and a hand-off names it:
 --          that attempt was sent before the hand-off, which is where the new holder's
 --          validity starts (see src/fair.rs)
@@ -28,18 +28,16 @@
 -- A key this owner already holds (a re-obtain by token) keeps the longer of its remaining TTL
 -- and the new one: a re-obtain never shortens what an earlier obtain by the same token was
 -- told. Keys are visited one by one instead of unpack()-ing KEYS, which overflows Lua's C
--- stack at a few thousand keys. The owner tag carries the token's length, so a prefix match on
--- it is an exact token match: no token can pass for another that merely starts with it.
-local owner, value, ttl = ARGV[1], ARGV[2], ARGV[3]
-local mark_holder = ARGV[5] == '1'
-local n = #owner
+-- stack at a few thousand keys.
+local value, ttl = ARGV[1], ARGV[2]
+local mark_holder = ARGV[4] == '1'
 local count = #KEYS
 local counter = nil
-if ARGV[4] == '1' then
+if ARGV[3] == '1' then
   counter = KEYS[count]
   count = count - 1
 end
-local lease, id, turn = ARGV[6], ARGV[7], ARGV[8]
+local lease, id, turn = ARGV[5], ARGV[6], ARGV[7]
 local fair = lease ~= nil and lease ~= ''
 
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
@@ -112,11 +110,7 @@ if all_free and not counter then
   return won(false)
 end
 
--- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
-local function owned(current)
-  return current == value or string.sub(current, 1, n) == owner
-    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)
-end
+-- (owner.lua goes here)
 
 local mine = {}    -- {index, current value} of keys this owner already held
 local function undo()

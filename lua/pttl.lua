@@ -1,7 +1,6 @@
 -- Remaining time of a lock: the smallest PTTL across its keys.
 --
--- ARGV[1]  owner tag: "<token length>:<token>"
--- ARGV[2]  the lock's value: owner tag followed by its metadata
+-- ARGV[1]  the lock's value: the owner tag "<token length>:<token>" followed by its metadata
 --
 -- Reply: -2 when some key holds another owner's value or another type (not held),
 --        -3 when no key is another owner's but some are missing (expired, or the server
@@ -9,14 +8,8 @@
 --        -1 when every key is held without an expiry,
 --        otherwise the smallest remaining time in milliseconds.
 --        an error: any other error reading a key (the server's own), before anything changed
-local owner, value = ARGV[1], ARGV[2]
-local n = #owner
-
--- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
-local function owned(current)
-  return current == value or (type(current) == 'string' and (string.sub(current, 1, n) == owner
-    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
-end
+local value = ARGV[1]
+-- (owner.lua goes here)
 
 local least, missing = -1, false
 for i = 1, #KEYS do

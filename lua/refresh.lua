@@ -1,23 +1,16 @@
 -- Extends every key of a lock, only if every key is still held by the owner.
 --
--- ARGV[1]  owner tag: "<token length>:<token>"
--- ARGV[2]  the lock's value: owner tag followed by its metadata
--- ARGV[3]  new time to live in milliseconds
--- ARGV[4]  optional (Redlock, once a majority still holds the lock): re-create missing keys
+-- ARGV[1]  the lock's value: the owner tag "<token length>:<token>" followed by its metadata
+-- ARGV[2]  new time to live in milliseconds
+-- ARGV[3]  optional (Redlock, once a majority still holds the lock): re-create missing keys
 --          with the lock's value, on a master that restarted empty
 --
 -- Reply: 1  every key was extended (or re-created)
 --        2  no key is another owner's, but some are missing; nothing changed
 --        0  some key holds another owner's value, or another type; nothing changed
 --        an error: any other error reading a key (the server's own), before anything changed
-local owner, value, ttl, restore = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
-local n = #owner
-
--- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
-local function owned(current)
-  return current == value or (type(current) == 'string' and (string.sub(current, 1, n) == owner
-    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
-end
+local value, ttl, restore = ARGV[1], ARGV[2], ARGV[3] == '1'
+-- (owner.lua goes here)
 
 local missing = false
 for i = 1, #KEYS do

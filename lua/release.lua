@@ -179,10 +179,6 @@ if leaving and queue_of(KEYS[1]) then
 end
 
 local announce, payload = ARGV[2] or 'PUBLISH', ARGV[3] or ''
--- The owner tag leads the value, and spells out its own length.
-local digits = string.match(value, '^%d+')
-local n = #digits + 1 + tonumber(digits)
-local owner = string.sub(value, 1, n)
 
 if announce == 'SPUBLISH' and not redis7 then
   announce = 'PUBLISH'
@@ -212,11 +208,7 @@ if single == '!' .. value then
   return 1
 end
 
--- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
-local function owned(current)
-  return current == value or (type(current) == 'string' and (string.sub(current, 1, n) == owner
-    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
-end
+-- (owner.lua goes here)
 
 local missing = false
 local marked = {}

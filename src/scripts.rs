@@ -22,27 +22,33 @@ impl Lua {
 /// so that an uncontended obtain or release defines none of its functions.
 const QUEUE_GOES_HERE: &str = "-- (queue.lua goes here)\n";
 
-/// `script` with `queue.lua` in place of its marker line.
-fn with_queue(script: &str) -> Lua {
-    Lua::new(script.replacen(QUEUE_GOES_HERE, include_str!("../lua/queue.lua"), 1))
+/// The line in every script but `modes.lua` where `owner.lua` goes: where the lock's value
+/// is known, and after the fast paths of `obtain.lua` and `release.lua`.
+const OWNER_GOES_HERE: &str = "-- (owner.lua goes here)\n";
+
+/// `script` with `owner.lua` and `queue.lua` in place of their marker lines.
+fn bundle(script: &str) -> Lua {
+    let script = script
+        .replacen(OWNER_GOES_HERE, include_str!("../lua/owner.lua"), 1)
+        .replacen(QUEUE_GOES_HERE, include_str!("../lua/queue.lua"), 1);
+    Lua::new(script)
 }
 
 /// Locks every key or none; re-entrant by owner tag; queues a fair waiter.
 pub(crate) static OBTAIN: LazyLock<Lua> =
-    LazyLock::new(|| with_queue(include_str!("../lua/obtain.lua")));
+    LazyLock::new(|| bundle(include_str!("../lua/obtain.lua")));
 
 /// The smallest remaining TTL of a held lock.
-pub(crate) static PTTL: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../lua/pttl.lua").to_owned()));
+pub(crate) static PTTL: LazyLock<Lua> = LazyLock::new(|| bundle(include_str!("../lua/pttl.lua")));
 
 /// Extends every key of a held lock.
 pub(crate) static REFRESH: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../lua/refresh.lua").to_owned()));
+    LazyLock::new(|| bundle(include_str!("../lua/refresh.lua")));
 
 /// Deletes every key of a held lock, handing each to its queue's first waiter; a fair
 /// waiter that gives up leaves its queues through it too.
 pub(crate) static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| with_queue(include_str!("../lua/release.lua")));
+    LazyLock::new(|| bundle(include_str!("../lua/release.lua")));
 
 /// Every operation on a lock that holds some key shared or as a permit.
 pub(crate) static MODES: LazyLock<Lua> =

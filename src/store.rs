@@ -217,15 +217,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         mark_holder: bool,
         queue: Option<&Ticket>,
     ) -> Result<Obtain> {
-        // The fencing counter, if any, goes last in KEYS, flagged by ARGV[4].
-        let args = (
-            claim.owner.tag(),
-            claim.value,
-            claim.ttl.millis,
-            u8::from(claim.counter.is_some()),
-            u8::from(mark_holder),
-            queue.map(|ticket| (ticket.lease.millis, ticket.id.as_str(), ticket.turn)),
-        );
+        // The fencing counter, if any, goes last in KEYS, flagged by ARGV[3]. The flags and
+        // the queue are left out when all are off: the common case, one argument less each.
+        let counted = claim.counter.is_some();
+        let rest = (counted || mark_holder || queue.is_some()).then(|| {
+            (
+                u8::from(counted),
+                u8::from(mark_holder),
+                queue.map(|ticket| (ticket.lease.millis, ticket.id.as_str(), ticket.turn)),
+            )
+        });
+        let args = (claim.value, claim.ttl.millis, rest);
         let reply = self
             .invoke(&scripts::OBTAIN, claim.keys, claim.counter, args)
             .await?;
@@ -241,8 +243,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 self.invoke(&scripts::MODES, claim.keys, None, args).await?
             }
             None => {
-                let args = (claim.owner.tag(), claim.value);
-                self.invoke(&scripts::PTTL, claim.keys, None, args).await?
+                self.invoke(&scripts::PTTL, claim.keys, None, claim.value)
+                    .await?
             }
         };
         Ok(match left {
@@ -264,12 +266,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 self.invoke(&scripts::MODES, claim.keys, None, args).await?
             }
             None => {
-                let args = (
-                    claim.owner.tag(),
-                    claim.value,
-                    claim.ttl.millis,
-                    u8::from(restore),
-                );
+                let args = (claim.value, claim.ttl.millis, restore.then_some(1));
                 self.invoke(&scripts::REFRESH, claim.keys, None, args)
                     .await?
             }

@@ -63,8 +63,8 @@ impl Masters {
     pub async fn load_scripts(&self) {
         let scripts = [
             super::bundled(include_str!("../../lua/obtain.lua")),
-            include_str!("../../lua/pttl.lua").to_owned(),
-            include_str!("../../lua/refresh.lua").to_owned(),
+            super::bundled(include_str!("../../lua/pttl.lua")),
+            super::bundled(include_str!("../../lua/refresh.lua")),
             super::bundled(include_str!("../../lua/release.lua")),
         ];
         for i in 0..self.servers.len() {

@@ -191,14 +191,20 @@ pub async fn lost_by(lost: &lockset::LostSignal, due: tokio::time::Instant) {
     );
 }
 
-/// A bundled script as the library sends it: `queue.lua` in place of its marker line (see
-/// `src/scripts.rs`).
+/// A bundled script as the library sends it: `owner.lua` and `queue.lua` in place of their
+/// marker lines (see `src/scripts.rs`).
 pub fn bundled(script: &str) -> String {
-    script.replacen(
-        "-- (queue.lua goes here)\n",
-        include_str!("../../lua/queue.lua"),
-        1,
-    )
+    script
+        .replacen(
+            "-- (owner.lua goes here)\n",
+            include_str!("../../lua/owner.lua"),
+            1,
+        )
+        .replacen(
+            "-- (queue.lua goes here)\n",
+            include_str!("../../lua/queue.lua"),
+            1,
+        )
 }
 
 pub fn ms(n: u64) -> Duration {

@@ -1,0 +1,17 @@
+-- Ownership, shared by obtain.lua, refresh.lua, pttl.lua and release.lua: this text takes the
+-- place of their "-- (owner.lua goes here)" line, where `value` (the lock's value) is set.
+--
+-- The owner tag leads every value an owner writes: "<token length>:<token>", which spells out
+-- its own length, so it is read off the value instead of being sent beside it (every argument
+-- costs the server about as much as a command). Since it carries the token's length, a prefix
+-- match on it is an exact token match: no token can pass for another that merely starts with
+-- it.
+local digits = string.match(value, '^%d+')
+local n = #digits + 1 + tonumber(digits)
+local owner = string.sub(value, 1, n)
+
+-- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
+local function owned(current)
+  return current == value or (type(current) == 'string' and (string.sub(current, 1, n) == owner
+    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
+end
