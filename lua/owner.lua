@@ -2,8 +2,8 @@
 -- place of their "-- (owner.lua goes here)" line, where `value` (the lock's value) is set.
 --
 -- The owner tag leads every value an owner writes: "<token length>:<token>", which spells out
--- its own length, so it is read off the value instead of being sent beside it (every argument
--- costs the server about as much as a command). Since it carries the token's length, a prefix
+-- its own length, so it is read off the value instead of being sent beside it (an argument
+-- costs the server about half as much as a GET). Since it carries the token's length, a prefix
 -- match on it is an exact token match: no token can pass for another that merely starts with
 -- it.
 local digits = string.match(value, '^%d+')

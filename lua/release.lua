@@ -11,8 +11,8 @@
 -- ARGV[5]  "PUBLISH" or "SPUBLISH": how a waiter is told that it was handed the lock
 --
 -- Only ARGV[1] is required: the rest default to PUBLISH, an empty payload, no waiter leaving
--- and PUBLISH, the common case, which so costs the server one argument (each costs it about as
--- much as the GET and the DEL together).
+-- and PUBLISH, the common case, which so costs the server one argument. (Five arguments cost
+-- it about 0.35 µs per call, more than the GET and the DEL below.)
 --
 -- A key somebody queues for (see queue.lua) is not left free: it is handed, in the same
 -- step, to the first waiter in its queue that can take its whole lock (then told so on its

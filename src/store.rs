@@ -302,11 +302,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             }
             None => {
                 // The common case is the script's default, and then goes without the rest:
-                // every argument costs the server about as much as a command.
-                let common = announce == scripts::PUBLISH
-                    && payload.is_empty()
-                    && leaving.is_empty()
-                    && self.announce == scripts::PUBLISH;
+                // five arguments cost the server more than the GET and DEL the script runs.
+                // (`announce` is PUBLISH only when `self.announce` is.)
+                let common =
+                    announce == scripts::PUBLISH && payload.is_empty() && leaving.is_empty();
                 let rest = (!common).then_some((announce, payload, leaving, self.announce));
                 self.send(
                     &scripts::RELEASE,
