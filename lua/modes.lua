@@ -6,15 +6,15 @@
 -- ARGV[1]  the operation: "obtain", "pttl", "refresh" or "release"
 -- ARGV[2]  each key's mode, in the order of KEYS, separated by ",": "x" exclusive, "s"
 --          shared, "p<N>" one of N permits
--- ARGV[3]  owner tag: "<token length>:<token>"
--- ARGV[4]  the lock's value: owner tag followed by the caller's metadata
--- ARGV[5]  "1" for a caller's own token, which may hold a key under other metadata (a
+-- ARGV[3]  the lock's value: the owner tag "<token length>:<token>" (see owner.lua)
+--          followed by the caller's metadata
+-- ARGV[4]  "1" for a caller's own token, which may hold a key under other metadata (a
 --          re-obtain by token); a random token's members are found by value alone
--- ARGV[6]  obtain, refresh: time to live in ms; release: the announce command, or ""
--- ARGV[7]  obtain: "1" when the last key is a fencing counter; refresh: "1" to re-create
+-- ARGV[5]  obtain, refresh: time to live in ms; release: the announce command, or ""
+-- ARGV[6]  obtain: "1" when the last key is a fencing counter; refresh: "1" to re-create
 --          missing keys (Redlock); release: the announcement's payload
--- ARGV[8]  obtain: "1" when the caller waits for release events (marks what blocks it)
--- ARGV[9]  obtain: "1" when the caller will try again if blocked (a writer queues, below)
+-- ARGV[7]  obtain: "1" when the caller waits for release events (marks what blocks it)
+-- ARGV[8]  obtain: "1" when the caller will try again if blocked (a writer queues, below)
 --
 -- Storage. An exclusive key is a string, exactly as a lock without modes writes it. A shared
 -- or counted key is a sorted set of
@@ -31,9 +31,8 @@
 --   obtain   {1, fence} | {0, pttl, i} | {2, key} (another type) | {3, i, stored mode}
 --   pttl     smallest remaining ms | -1 no expiry | -2 another owner's | -3 missing
 --   refresh, release   1 done | 0 another owner's | 2 missing (nothing changed)
-local op, owner, value, custom = ARGV[1], ARGV[3], ARGV[4], ARGV[5] == '1'
+local op, value, custom = ARGV[1], ARGV[3], ARGV[4] == '1'
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
-local n = #owner
 local modes = {}
 for mode in string.gmatch(ARGV[2], '[^,]+') do
   modes[#modes + 1] = mode
@@ -45,11 +44,7 @@ local now = tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
 -- Scores after now: members that have not expired (removed or not).
 local live = string.format('(%.3f', now)
 
--- Whether a string value is ours: whole, by tag, or by tag behind a waiter's mark.
-local function owned(current)
-  return current == value or string.sub(current, 1, n) == owner
-    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)
-end
+-- (owner.lua goes here)
 
 -- What a key is: "free", "string", "set" (with its mode member) or "foreign". A set in
 -- `mode` (as asked for) is found with one command.
@@ -228,7 +223,7 @@ local function join_set(key, mode, member, expiry, grow, fresh)
 end
 
 local function refresh()
-  local ttl, restore = tonumber(ARGV[6]), ARGV[7] == '1'
+  local ttl, restore = tonumber(ARGV[5]), ARGV[6] == '1'
   local failed, states = check_all(0, 2, restore)
   if failed then
     return failed
@@ -264,7 +259,7 @@ local function refresh()
 end
 
 local function release()
-  local announce, payload = ARGV[6], ARGV[7]
+  local announce, payload = ARGV[5], ARGV[6]
   if announce == 'SPUBLISH' and (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
     announce = 'PUBLISH'
   end
@@ -310,8 +305,8 @@ local function ours_to_mark(current)
 end
 
 local function obtain()
-  local ttl, fencing = tonumber(ARGV[6]), ARGV[7] == '1'
-  local mark, retries = ARGV[8] == '1', ARGV[9] == '1'
+  local ttl, fencing = tonumber(ARGV[5]), ARGV[6] == '1'
+  local mark, retries = ARGV[7] == '1', ARGV[8] == '1'
   local plans = {}
   -- A lock that writes some key reads past waiting writers: it may itself be the waiting
   -- writer that another such lock reads past, and two locks that each waited for the

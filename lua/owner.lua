@@ -1,5 +1,5 @@
--- Ownership, shared by obtain.lua, refresh.lua, pttl.lua and release.lua: this text takes the
--- place of their "-- (owner.lua goes here)" line, where `value` (the lock's value) is set.
+-- Ownership, shared by every script: this text takes the place of their
+-- "-- (owner.lua goes here)" line, where `value` (the lock's value) is set.
 --
 -- The owner tag leads every value an owner writes: "<token length>:<token>", which spells out
 -- its own length, so it is read off the value instead of being sent beside it (an argument

@@ -22,8 +22,8 @@ impl Lua {
 /// so that an uncontended obtain or release defines none of its functions.
 const QUEUE_GOES_HERE: &str = "-- (queue.lua goes here)\n";
 
-/// The line in every script but `modes.lua` where `owner.lua` goes: where the lock's value
-/// is known, and after the fast paths of `obtain.lua` and `release.lua`.
+/// The line in every script where `owner.lua` goes: where the lock's value is known, and
+/// after the fast paths of `obtain.lua` and `release.lua`.
 const OWNER_GOES_HERE: &str = "-- (owner.lua goes here)\n";
 
 /// `script` with `owner.lua` and `queue.lua` in place of their marker lines.
@@ -51,8 +51,7 @@ pub(crate) static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| bundle(include_str!("../lua/release.lua")));
 
 /// Every operation on a lock that holds some key shared or as a permit.
-pub(crate) static MODES: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(include_str!("../lua/modes.lua").to_owned()));
+pub(crate) static MODES: LazyLock<Lua> = LazyLock::new(|| bundle(include_str!("../lua/modes.lua")));
 
 /// How releases are announced on a single server, and what `release.lua` assumes when not
 /// told otherwise.

@@ -431,7 +431,6 @@ fn mode_args<'a, T: ToRedisArgs>(
     (
         op,
         modes.encoded(),
-        claim.owner.tag(),
         claim.value,
         u8::from(claim.owner.is_custom()),
         rest,

@@ -939,23 +939,21 @@ async fn adopting_in_the_wrong_mode_is_not_held() {
 #[tokio::test]
 async fn a_restoring_refresh_without_room_changes_nothing() {
     let env = Env::start().await;
-    let script = include_str!("../lua/modes.lua");
+    let script = &support::bundled(include_str!("../lua/modes.lua"));
     let eval = async |keys: &[&str], args: &[&str]| -> i64 {
         let mut cmd = lockset::redis::cmd("EVAL");
         cmd.arg(script).arg(keys.len()).arg(keys).arg(args);
         cmd.query_async(&mut env.raw.clone()).await.unwrap()
     };
     // Someone else holds the one permit of P on this master.
-    let other = [
-        "obtain", "p1", "5:other", "5:other", "0", "10000", "0", "0", "0",
-    ];
+    let other = ["obtain", "p1", "5:other", "0", "10000", "0", "0", "0"];
     let taken: Vec<Option<i64>> = {
         let mut cmd = lockset::redis::cmd("EVAL");
         cmd.arg(script).arg(1).arg("P").arg(&other);
         cmd.query_async(&mut env.raw.clone()).await.unwrap()
     };
     assert_eq!(taken, vec![Some(1), None]);
-    let restore = ["refresh", "x,p1", "4:mine", "4:mine", "0", "10000", "1"];
+    let restore = ["refresh", "x,p1", "4:mine", "0", "10000", "1"];
     assert_eq!(eval(&["E", "P"], &restore).await, 2);
     assert!(
         !env.exists("E").await,
