@@ -87,11 +87,6 @@ impl Owner {
         self.custom
     }
 
-    /// The prefix of every value this owner stores.
-    pub(crate) fn tag(&self) -> &str {
-        &self.tag
-    }
-
     /// The value to store: the tag followed by the metadata (the tag itself, without
     /// allocating, when there is no metadata).
     pub(crate) fn value(&self, metadata: &str) -> Cow<'_, str> {
@@ -152,7 +147,7 @@ mod tests {
     fn random_tokens_are_22_url_safe_characters() {
         let owner = Owner::random();
         assert_eq!(owner.token().len(), RANDOM_TOKEN_LEN);
-        assert_eq!(owner.tag(), format!("22:{}", owner.token()));
+        assert_eq!(owner.value(""), format!("22:{}", owner.token()));
         assert!(
             owner
                 .token()
@@ -165,7 +160,7 @@ mod tests {
     #[test]
     fn value_is_tag_then_metadata() {
         let owner = Owner::custom("abc").unwrap();
-        assert_eq!(owner.tag(), "3:abc");
+        assert_eq!(owner.value(""), "3:abc");
         assert_eq!(owner.value("meta"), "3:abcmeta");
         assert_eq!(parse_value(&owner.value("meta")), Some(("abc", "meta")));
     }
