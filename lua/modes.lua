@@ -297,13 +297,6 @@ local function release()
   return 1
 end
 
--- Whether a value was written by this library (see obtain.lua): only those are marked.
-local function ours_to_mark(current)
-  local digits = string.match(current, '^(%d+):')
-  local len = tonumber(digits)
-  return len ~= nil and len > 0 and #current >= #digits + 1 + len
-end
-
 local function obtain()
   local ttl, fencing = tonumber(ARGV[5]), ARGV[6] == '1'
   local mark, retries = ARGV[7] == '1', ARGV[8] == '1'

@@ -15,3 +15,11 @@ local function owned(current)
   return current == value or (type(current) == 'string' and (string.sub(current, 1, n) == owner
     or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
 end
+
+-- Whether a value was written by this library: "<token length>:<token>..." with a token as
+-- long as it says. Only those are ever marked (a leading '!': somebody waits for the key).
+local function ours_to_mark(current)
+  local digits = string.match(current, '^(%d+):')
+  local len = tonumber(digits)
+  return len ~= nil and len > 0 and #current >= #digits + 1 + len
+end

@@ -18,14 +18,6 @@ local QUEUE_SUFFIX = ':lockset:queue'
 -- Queue entries a release looks at before it leaves a key free.
 local LOOK_AT_MOST = 16
 
--- Whether a value was written by this library: "<token length>:<token>..." with a token as
--- long as it says. Only those are ever marked (a leading '!': somebody waits for the key).
-local function ours_to_mark(current)
-  local digits = string.match(current, '^(%d+):')
-  local len = tonumber(digits)
-  return len ~= nil and len > 0 and #current >= #digits + 1 + len
-end
-
 -- The name of KEY's waiter queue, which hashes to KEY's cluster slot: a key with a hash tag
 -- keeps it, a key without one becomes the tag. nil for a key without a hash tag that
 -- contains '}': it has no queue, and its waiters do not queue (src/slots.rs, same rule).

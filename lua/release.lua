@@ -59,6 +59,7 @@ elseif count <= CHUNK then
 end
 
 -- The slow path: somebody waits, the metadata changed, or the lock is not held as it was.
+-- (owner.lua goes here)
 -- (queue.lua goes here)
 local notice = ARGV[5] or 'PUBLISH'
 -- Redis before 7.0 has no sharded pub/sub: a cluster's waiters listen with SUBSCRIBE there.
@@ -207,8 +208,6 @@ if single == '!' .. value then
   announce_all(KEYS, true)
   return 1
 end
-
--- (owner.lua goes here)
 
 local missing = false
 local marked = {}
