@@ -1,7 +1,7 @@
 //! Five private masters, a client for each, and a Redlock client over all of them.
 
 use lockset::redis::aio::ConnectionManager;
-use lockset::{Client, QuorumConfig};
+use lockset::{Client, Lock, Options, QuorumConfig, Retry};
 
 use super::RedisServer;
 
@@ -42,6 +42,46 @@ impl Masters {
     /// What master `i` stores at `key`.
     pub async fn get(&self, i: usize, key: &str) -> Option<String> {
         self.cmd(i, &["GET", key]).await
+    }
+
+    /// Whether master `i` holds `key` for `lock`: its value, or a share of it.
+    pub async fn holds(&self, i: usize, key: &str, lock: &Lock<ConnectionManager>) -> bool {
+        let token = lock.token();
+        let value = format!("{}:{token}{}", token.len(), lock.metadata());
+        let kind: String = self.cmd(i, &["TYPE", key]).await;
+        match kind.as_str() {
+            "zset" => {
+                let score: Option<f64> = self.cmd(i, &["ZSCORE", key, &value]).await;
+                score.is_some()
+            }
+            // A waiter may have marked it.
+            _ => self
+                .get(i, key)
+                .await
+                .is_some_and(|held| held.trim_start_matches('!') == value),
+        }
+    }
+
+    /// Refreshes `lock` until every master holds each of its keys. An obtain returns once
+    /// the masters it needs agreed; on a loaded machine the others may have timed out, and a
+    /// test that then takes the lock from one more master may take too many. A refresh
+    /// restores the lock on masters that lost it, once enough still hold it.
+    pub async fn spread(&self, lock: &Lock<ConnectionManager>) {
+        let options = Options::default()
+            .retry(Retry::linear(super::ms(50)))
+            .timeout(super::ms(10_000));
+        super::eventually(super::ms(20_000), "the lock on every master", async || {
+            lock.refresh(super::ms(30_000), &options).await.unwrap();
+            for i in 0..self.servers.len() {
+                for key in lock.keys() {
+                    if !self.holds(i, key, lock).await {
+                        return false;
+                    }
+                }
+            }
+            true
+        })
+        .await;
     }
 
     /// `key`'s remaining TTL on master `i` in ms (-2: missing, -1: no expiry).
