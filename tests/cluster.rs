@@ -27,6 +27,18 @@ fn total_keys(cluster: &Cluster) -> usize {
         .sum()
 }
 
+/// A cluster node's folder (its node file) goes with it: a later node on the same port
+/// would otherwise start with the old node's cluster configuration, and `--cluster create`
+/// refuses a node that is not empty.
+#[test]
+fn a_stopped_cluster_node_leaves_no_node_file_behind() {
+    let node = support::RedisServer::start_cluster_node();
+    let dir = node.dir().expect("a cluster node has a folder").to_owned();
+    assert!(dir.join("nodes.conf").exists(), "{dir:?}");
+    drop(node);
+    assert!(!dir.exists(), "{dir:?} is left behind");
+}
+
 #[tokio::test]
 async fn locks_work_on_every_shard() {
     let cluster = Cluster::start();

@@ -66,10 +66,13 @@ impl RedisServer {
             if port > 55_000 {
                 continue;
             }
-            let dir =
+            let path =
                 std::env::temp_dir().join(format!("lockset-node-{}-{port}", std::process::id()));
-            let _ = std::fs::create_dir_all(&dir);
-            let dir = dir.to_string_lossy().into_owned();
+            // A fresh node file: an old node's (same process id and port) would make this
+            // node a member of that node's cluster.
+            let _ = std::fs::remove_dir_all(&path);
+            let _ = std::fs::create_dir_all(&path);
+            let dir = path.to_string_lossy().into_owned();
             let cluster = [
                 "--cluster-enabled",
                 "yes",
@@ -78,8 +81,15 @@ impl RedisServer {
                 "--dir",
                 &dir,
             ];
-            if let Some(server) = Self::try_start_with(port, &cluster) {
-                return server;
+            match Self::try_start_with(port, &cluster) {
+                Some(mut server) => {
+                    // Removed with the server.
+                    server.dir = Some(path);
+                    return server;
+                }
+                None => {
+                    let _ = std::fs::remove_dir_all(&path);
+                }
             }
         }
         panic!("no cluster node started on any of 10 free ports");
@@ -129,6 +139,11 @@ impl RedisServer {
     /// The server's URL, `redis://127.0.0.1:<port>/`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's private working folder, if it has one (cluster nodes do).
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        self.dir.as_deref()
     }
 
     /// The server's port.
