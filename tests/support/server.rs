@@ -8,6 +8,7 @@
 #![allow(dead_code, unreachable_pub)]
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ pub struct RedisServer {
     child: Child,
     port: u16,
     /// A private working folder (cluster nodes keep their node file there).
-    dir: Option<std::path::PathBuf>,
+    dir: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -81,25 +82,20 @@ impl RedisServer {
                 "--dir",
                 &dir,
             ];
-            match Self::try_start_with(port, &cluster) {
-                Some(mut server) => {
-                    // Removed with the server.
-                    server.dir = Some(path);
-                    return server;
-                }
-                None => {
-                    let _ = std::fs::remove_dir_all(&path);
-                }
+            // The folder goes with the server, also one that did not start.
+            if let Some(server) = Self::try_start_with(port, &cluster, Some(path)) {
+                return server;
             }
         }
         panic!("no cluster node started on any of 10 free ports");
     }
 
     fn try_start_on(port: u16) -> Option<Self> {
-        Self::try_start_with(port, &[])
+        Self::try_start_with(port, &[], None)
     }
 
-    fn try_start_with(port: u16, extra: &[&str]) -> Option<Self> {
+    /// `dir`: the server's private folder, removed with it.
+    fn try_start_with(port: u16, extra: &[&str], dir: Option<PathBuf>) -> Option<Self> {
         let child = Command::new(server_binary())
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(extra)
@@ -114,11 +110,7 @@ impl RedisServer {
                      `apt-get update && apt-get install -y redis-server`"
                 )
             });
-        let mut server = Self {
-            child,
-            port,
-            dir: None,
-        };
+        let mut server = Self { child, port, dir };
         server.wait_ready().then_some(server)
     }
 
@@ -142,7 +134,7 @@ impl RedisServer {
     }
 
     /// The server's private working folder, if it has one (cluster nodes do).
-    pub fn dir(&self) -> Option<&std::path::Path> {
+    pub fn dir(&self) -> Option<&Path> {
         self.dir.as_deref()
     }
 
