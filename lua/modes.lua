@@ -11,7 +11,8 @@
 -- ARGV[4]  "1" for a caller's own token, which may hold a key under other metadata (a
 --          re-obtain by token); a random token's members are found by value alone
 -- ARGV[5]  obtain, refresh: time to live in ms; release: the announce command, or ""
--- ARGV[6]  obtain: "1" when the last key is a fencing counter; refresh: "1" to re-create
+-- ARGV[6]  obtain: when the last key is a fencing counter, the primary's configuration
+--          epoch plus one (see fence.lua), else "0"; refresh: "1" to re-create
 --          missing keys (Redlock); release: the announcement's payload
 -- ARGV[7]  obtain: "1" when the caller waits for release events (marks what blocks it)
 -- ARGV[8]  obtain: "1" when the caller will try again if blocked (a writer queues, below)
@@ -297,8 +298,9 @@ local function release()
   return 1
 end
 
+-- (fence.lua goes here)
 local function obtain()
-  local ttl, fencing = tonumber(ARGV[5]), ARGV[6] == '1'
+  local ttl, fencing = tonumber(ARGV[5]), ARGV[6] ~= '0'
   local mark, retries = ARGV[7] == '1', ARGV[8] == '1'
   local plans = {}
   -- A lock that writes some key reads past waiting writers: it may itself be the waiting
@@ -387,21 +389,12 @@ local function obtain()
   local fence = false
   if fencing then
     local counter = KEYS[count + 1]
-    fence = redis.pcall('INCR', counter)
+    fence = mint(counter, tonumber(ARGV[6]) - 1)
     if type(fence) == 'table' then
       if string.sub(fence.err, 1, 9) == 'WRONGTYPE' then
         return {2, counter}
       end
       return fence
-    end
-    if fence < 1 then
-      return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. fence .. ', not positive')
-    end
-    -- Never below the server's clock in microseconds (see obtain.lua).
-    local clock = tonumber(time[1]) * 1000000 + tonumber(time[2])
-    if clock > fence then
-      fence = clock
-      redis.call('SET', counter, string.format('%.0f', fence))
     end
   end
 

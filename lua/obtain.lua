@@ -4,8 +4,8 @@
 -- ARGV[1]  the value to store: the owner tag "<token length>:<token>" (see owner.lua)
 --          followed by the caller's metadata
 -- ARGV[2]  time to live in milliseconds
--- ARGV[3]  "1" when the last key is a fencing counter to increment on success (never to
---          below the server's clock in microseconds, see below); absent: "0"
+-- ARGV[3]  when the last key is a fencing counter to increment on success: the primary's
+--          configuration epoch plus one ("1" outside Sentinel; see fence.lua); absent: "0"
 -- ARGV[4]  "1" when the caller waits for a held key: mark the holder's value with a leading
 --          "!" so that its release announces itself (see release.lua); absent: "0"
 -- ARGV[5]  for a fair waiter: its lease in milliseconds (else empty or absent). A fair
@@ -17,7 +17,8 @@
 --          that attempt was sent before the hand-off, which is where the new holder's
 --          validity starts (see src/fair.rs)
 --
--- Reply: {1, fence}     every key is ours, with the counter's new value (false without fencing)
+-- Reply: {1, fence}     every key is ours, with the new token as a decimal string (false
+--                      without fencing)
 --        {0, pttl, i}  KEYS[i] is held by another owner, for pttl more ms (-1: no expiry);
 --                      {0, pttl, i, 1} when the waiter queued
 --        {2, key}      key holds a value of the wrong type
@@ -32,10 +33,11 @@
 local value, ttl = ARGV[1], ARGV[2]
 local mark_holder = ARGV[4] == '1'
 local count = #KEYS
-local counter = nil
-if ARGV[3] == '1' then
+local counter, epoch = nil, 0
+if ARGV[3] and ARGV[3] ~= '0' and ARGV[3] ~= '' then
   counter = KEYS[count]
   count = count - 1
+  epoch = tonumber(ARGV[3]) - 1
 end
 local lease, id, turn = ARGV[5], ARGV[6], ARGV[7]
 local fair = lease ~= nil and lease ~= ''
@@ -221,26 +223,12 @@ else
   end
 end
 
+-- (fence.lua goes here)
 local fence = false
 if counter then
-  fence = redis.pcall('INCR', counter)
+  fence = mint(counter, epoch)
   if type(fence) == 'table' then
     return failed(fence, counter)
-  end
-  if fence < 1 then
-    undo()
-    return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. fence .. ', not positive')
-  end
-  -- Never below the server's clock in microseconds: a counter that is new, that a server
-  -- restarted without persistence forgot, or that came back older (an old snapshot, a
-  -- replica promoted while behind) still mints tokens above every token minted before, each
-  -- of which was at most the clock at its time (unless the clock went back). Exact in Lua's
-  -- doubles until the year 2255.
-  local now = redis.call('TIME')
-  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if clock > fence then
-    fence = clock
-    redis.call('SET', counter, string.format('%.0f', fence))
   end
 end
 

@@ -94,6 +94,23 @@ where
         }
     }
 
+    /// Every server behind this backend: the one, or each master of the quorum.
+    pub(crate) fn stores(&self) -> &[Arc<Store<C>>] {
+        match self {
+            Self::Single(store) => std::slice::from_ref(store),
+            Self::Quorum(quorum) => quorum.nodes(),
+        }
+    }
+
+    /// Whether lock writes wait for replicas somewhere: then a fair waiter does not take a
+    /// hand-off notice as the lock, but makes an attempt that waits for them (see
+    /// `replication.rs`).
+    pub(crate) fn is_replicated(&self) -> bool {
+        self.stores()
+            .iter()
+            .any(|store| store.replication().is_some())
+    }
+
     pub(crate) fn is_quorum(&self) -> bool {
         matches!(self, Self::Quorum(_))
     }

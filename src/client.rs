@@ -23,8 +23,10 @@ use crate::options::Options;
 use crate::options::default_waiter_lease;
 use crate::policy::{self, Held, Limit, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig, Stragglers};
+use crate::replication::Replication;
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
 use crate::retry::Retry;
+use crate::sentinel::{SentinelConfig, SentinelConnection};
 use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
@@ -133,6 +135,46 @@ impl Client<ConnectionManager> {
     }
 }
 
+impl Client<SentinelConnection> {
+    /// Connects to the primary that the sentinels of `config` name, and follows it across
+    /// failovers (see [`SentinelConnection`]), with release events on (they follow the
+    /// primary too) and lock writes replicated as `config` says (by default: one replica
+    /// acknowledges each obtain and refresh; see [`Client::replicated`]).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// use std::time::Duration;
+    /// use lockset::{Client, Options, SentinelConfig};
+    ///
+    /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
+    /// let client = Client::connect_sentinel(SentinelConfig::new(sentinels, "locks")?).await?;
+    /// let lock = client.obtain("report", Duration::from_secs(10), &Options::default()).await?;
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::UnknownMaster`] when no sentinel knows the master's name;
+    /// [`Error::Redis`] when no sentinel answers, or no primary can be reached; the errors
+    /// of [`Client::replicated`] (for example [`InvalidInput::NotEnoughReplicas`] when the
+    /// primary has fewer replicas connected than asked for). Nothing is written.
+    pub async fn connect_sentinel(config: SentinelConfig) -> Result<Self> {
+        let replication = config.replication_settings();
+        replication.check()?;
+        let conn = SentinelConnection::connect(config).await?;
+        let client = Self::new(conn.clone());
+        for store in client.backend().stores() {
+            let conn = conn.clone();
+            store.lead_fences_by(Box::new(move || conn.epoch()));
+        }
+        let _ = client.inner.address.set(conn.name());
+        let _ = client.inner.events.set(Box::new([Events::sentinel(conn)]));
+        client.replicated(replication).await
+    }
+}
+
 impl<C> Client<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -195,6 +237,69 @@ where
         self.inner.listen.store(false, Ordering::Relaxed);
         self.inner.announce.store(false, Ordering::Relaxed);
         self
+    }
+
+    /// Makes every lock of this client (and its clones) count as obtained, refreshed or
+    /// handed on only once `replication` is met: enough replicas of the primary acknowledged
+    /// the write, so that a failover to one of them keeps it (`WAIT`, sent with the write in
+    /// one request; see [`Replication`]). Releases do not wait: a release a failover loses
+    /// leaves the keys to expire with their TTL, which misleads nobody.
+    ///
+    /// Before anything is written, the primary is asked how many replicas it has connected
+    /// (on a cluster, every shard; on a Redlock quorum, every master).
+    ///
+    /// - An obtain too few replicas acknowledged in time removes its keys again (best effort;
+    ///   not with a custom token, whose keys may be an outer lock's) and is retried per the
+    ///   retry strategy until the deadline; it then fails with [`Error::NotReplicated`]
+    ///   ([`Error::is_unavailable`]). A lock is never returned while under-replicated.
+    /// - A refresh that is not acknowledged in time fails the same way. It may have extended
+    ///   the keys on the primary, but the lock's validity stays where the last replicated
+    ///   write put it: the holder never believes longer than a failover would keep.
+    /// - A fair waiter handed a lock by a release makes one more attempt, which waits for
+    ///   the replicas, before its obtain returns.
+    /// - Fencing counters are written by the obtain, and wait with it.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// use lockset::{Client, Replication};
+    ///
+    /// let client = Client::connect("redis://primary.internal/")
+    ///     .await?
+    ///     .replicated(Replication::replicas(1))
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::ZeroReplicationTimeout`] for a zero timeout (nothing is sent);
+    /// [`InvalidInput::NotEnoughReplicas`] when a primary has fewer replicas connected than
+    /// asked for; [`InvalidInput::NoWaitAof`] for [`Replication::append_only`] on a server
+    /// without `WAITAOF`; [`InvalidInput::ReplicationAlreadySet`] when this client already
+    /// has other settings; [`Error::Redis`] when a server cannot be asked.
+    pub async fn replicated(self, replication: Replication) -> Result<Self> {
+        replication.check()?;
+        let stores = self.backend().stores();
+        for store in stores.iter().filter(|_| replication.is_on()) {
+            if replication.uses_aof() && !store.knows("WAITAOF").await? {
+                return Err(InvalidInput::NoWaitAof.into());
+            }
+            let connected = store.replicas_connected().await?;
+            if connected < replication.replicas_needed() {
+                return Err(InvalidInput::NotEnoughReplicas {
+                    requested: replication.replicas_needed(),
+                    connected,
+                }
+                .into());
+            }
+        }
+        for store in stores {
+            if !store.replicate(replication) && store.replication_set() != Some(&replication) {
+                return Err(InvalidInput::ReplicationAlreadySet.into());
+            }
+        }
+        Ok(self)
     }
 
     /// How many release channels this client's waiters listen on right now (zero when
@@ -762,8 +867,8 @@ where
     /// when the attempt it names was sent (see [`Stint::handed_until`]).
     ///
     /// Only when that leaves nearly the full TTL (7/8 of it: the waiter was handed the
-    /// lock soon after it last renewed, and its lease covered the TTL); otherwise, and for
-    /// an obtain that mints a fencing token, `None`: an attempt then makes the keys its own
+    /// lock soon after it last renewed, and its lease covered the TTL); otherwise, for
+    /// an obtain that mints a fencing token, and when writes wait for replicas, `None`: an attempt then makes the keys its own
     /// for the full TTL, if they still are (one more round trip, where a hand-off came long
     /// after the last renewal, or a short lease cut it).
     fn take_handed(&self, stint: Option<&Arc<Stint>>) -> Option<Won> {
@@ -773,7 +878,9 @@ where
         let until = stint.handed_until(&handed)?.checked_sub(drift)?;
         let ttl = self.ttl.duration;
         let left = until.saturating_duration_since(Instant::now());
-        if self.counter.is_some() || left < ttl - ttl / 8 {
+        // A hand-off the replicas may not have yet is confirmed by an attempt that waits
+        // for them: they apply the release's hand-off before that attempt's write.
+        if self.counter.is_some() || left < ttl - ttl / 8 || self.client.backend().is_replicated() {
             return None;
         }
         Some(Won {

@@ -13,7 +13,7 @@ use crate::mode::Mode;
 /// |---|---|---|
 /// | [`Error::is_not_obtained`] | somebody else holds the lock (on a quorum: on some master) | try later |
 /// | [`Error::is_not_held`] | the lock is not ours any more | stop the work it protects |
-/// | [`Error::is_unavailable`] | Redis could not be reached, or did not answer in time | alert, retry, or fail over |
+/// | [`Error::is_unavailable`] | Redis could not be reached, did not answer in time, or too few replicas acknowledged a write | alert, retry, or fail over |
 ///
 /// At most one of them is true. Invalid input, a wrong-typed key and other Redis errors
 /// (for example a fencing counter that is not an integer) answer none of them.
@@ -78,6 +78,24 @@ pub enum Error {
     /// Redis returned an error, or the connection failed.
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
+
+    /// Fewer replicas than [`Replication`](crate::Replication) asks for acknowledged a
+    /// write within its timeout (see [`Client::replicated`](crate::Client::replicated)).
+    ///
+    /// An obtain that ends with this did not get the lock: its keys were removed again
+    /// (best effort; what is left expires with the TTL). A refresh that ends with this may
+    /// have extended the keys on the primary, but the lock's validity stays where the last
+    /// replicated write put it. [`Error::is_unavailable`] and [`Error::is_not_replicated`]
+    /// are true: a replica is down, paused or lagging; alert, retry, or fail over.
+    #[error(
+        "only {acknowledged} of {required} replicas acknowledged the write in time; the lock would not survive a failover"
+    )]
+    NotReplicated {
+        /// How many replicas acknowledged.
+        acknowledged: u32,
+        /// How many were asked for.
+        required: u32,
+    },
 
     /// A Redlock operation did not reach a majority of the masters (see
     /// [`Client::quorum`](crate::Client::quorum)).
@@ -146,6 +164,14 @@ pub enum NodeFailure {
     WrongType(String),
     /// A Redis or connection error.
     Redis(redis::RedisError),
+    /// Too few of the master's replicas acknowledged the write in time (see
+    /// [`Error::NotReplicated`]).
+    NotReplicated {
+        /// How many replicas acknowledged.
+        acknowledged: u32,
+        /// How many were asked for.
+        required: u32,
+    },
     /// No tokio runtime to run the master's part on.
     NoRuntime,
 }
@@ -169,6 +195,13 @@ impl From<Error> for NodeFailure {
         match err {
             Error::Redis(err) | Error::UnknownOutcome(err) => Self::Redis(err),
             Error::WrongType { key } => Self::WrongType(key),
+            Error::NotReplicated {
+                acknowledged,
+                required,
+            } => Self::NotReplicated {
+                acknowledged,
+                required,
+            },
             other => Self::Redis(redis::RedisError::from((
                 redis::ErrorKind::Client,
                 "unexpected node error",
@@ -186,6 +219,10 @@ impl std::fmt::Display for NodeFailure {
             Self::TimedOut(limit) => write!(f, "no answer within {limit:?}"),
             Self::WrongType(key) => write!(f, "key {key:?} holds a non-string value"),
             Self::Redis(err) => write!(f, "{err}"),
+            Self::NotReplicated {
+                acknowledged,
+                required,
+            } => write!(f, "{acknowledged} of {required} replicas acknowledged"),
             Self::NoRuntime => f.write_str("no tokio runtime"),
         }
     }
@@ -245,18 +282,27 @@ impl Error {
     }
 
     /// True when Redis could not be reached or did not answer in time: a connection error,
-    /// a timeout, an unknown outcome, or a quorum that missed its majority only because
-    /// masters failed or timed out (none refused, and not for lack of time). Nothing is known
-    /// about the lock then.
+    /// a timeout, an unknown outcome, a server that is not the primary any more or not
+    /// ready (`READONLY`, `LOADING`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`: a failover or
+    /// restart is under way), too few replicas that acknowledged a write, or a quorum that
+    /// missed its majority only because masters failed or timed out (none refused, and not
+    /// for lack of time). Nothing is known about the lock then.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            Self::UnknownOutcome(_) => true,
-            Self::Redis(err) => is_unreachable(err),
+            Self::UnknownOutcome(_) | Self::NotReplicated { .. } => true,
+            Self::Redis(err) => is_unreachable(err) || is_changing_over(err),
             Self::Quorum {
                 failures, expired, ..
             } => !refused(failures) && !expired,
             _ => false,
         }
+    }
+
+    /// True when too few replicas acknowledged a write in time ([`Error::NotReplicated`]):
+    /// the lock was not obtained (or the refresh does not count), since a failover could
+    /// lose it. [`Error::is_unavailable`] is true as well.
+    pub fn is_not_replicated(&self) -> bool {
+        matches!(self, Self::NotReplicated { .. })
     }
 }
 
@@ -271,6 +317,22 @@ pub(crate) fn is_unreachable(err: &redis::RedisError) -> bool {
         || err.is_connection_dropped()
         || err.is_connection_refusal()
         || err.is_io_error()
+}
+
+/// The server answered that it cannot serve the request now: it is no longer the primary,
+/// still loading, or its cluster or primary is down. Nothing ran.
+pub(crate) fn is_changing_over(err: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind as Kind;
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(
+            Kind::ReadOnly
+                | Kind::BusyLoading
+                | Kind::MasterDown
+                | Kind::ClusterDown
+                | Kind::TryAgain
+        )
+    )
 }
 
 /// No intact reply came (none, or a cut one): the request may or may not have run.
@@ -416,6 +478,37 @@ pub enum InvalidInput {
     /// [`Client::adopt`](crate::Client::adopt) needs the token of the lock to adopt.
     #[error("invalid input: adopting a lock needs its token (Options::token)")]
     TokenRequired,
+    /// A [`Replication`](crate::Replication) that waits for replicas with a zero timeout:
+    /// `WAIT` would block for ever.
+    #[error("invalid input: replicated writes need a timeout above zero")]
+    ZeroReplicationTimeout,
+    /// More replicas asked for than the primary has connected: every lock would fail.
+    #[error(
+        "invalid input: {requested} replicas must acknowledge each write, but the primary has {connected} connected"
+    )]
+    NotEnoughReplicas {
+        /// How many replicas [`Replication`](crate::Replication) asks for.
+        requested: u32,
+        /// How many replicas the primary reports connected (the fewest of any shard, on a
+        /// cluster).
+        connected: u32,
+    },
+    /// [`Client::replicated`](crate::Client::replicated) was called before, with other
+    /// settings: they are set once per client (and its clones).
+    #[error("invalid input: this client's replication is set already, to other settings")]
+    ReplicationAlreadySet,
+    /// `WAITAOF` asked for, but the server does not know it (before Redis 7.2).
+    #[error("invalid input: the server has no WAITAOF (Redis 7.2 or Valkey needed)")]
+    NoWaitAof,
+    /// A Sentinel client without sentinels.
+    #[error("invalid input: a Sentinel client needs at least one sentinel")]
+    NoSentinels,
+    /// No sentinel that answered monitors a master of this name.
+    #[error("invalid input: no sentinel knows a master named {name:?}")]
+    UnknownMaster {
+        /// The master name asked for.
+        name: String,
+    },
 }
 
 /// Shorthand for results of this crate.

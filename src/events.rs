@@ -53,6 +53,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::request::Handed;
+use crate::sentinel::SentinelConnection;
 
 /// Channels nobody waits for stay subscribed this long, for the next waiter.
 const IDLE: Duration = Duration::from_secs(1);
@@ -114,6 +115,9 @@ struct Inner {
 #[derive(Clone)]
 enum Source {
     Server(redis::Client),
+    /// The current primary of a Sentinel deployment: each change of primary replaces the
+    /// connection.
+    Sentinel(SentinelConnection),
     #[cfg(feature = "cluster")]
     Cluster(Vec<redis::ConnectionInfo>),
 }
@@ -320,6 +324,12 @@ impl Events {
         Self::with_source(Source::Server(client), None)
     }
 
+    /// Release events over a pub/sub connection to the current primary behind `sentinel`
+    /// (RESP3), replaced whenever the primary changes.
+    pub(crate) fn sentinel(sentinel: SentinelConnection) -> Self {
+        Self::with_source(Source::Sentinel(sentinel), None)
+    }
+
     /// Release events over sharded pub/sub on the cluster behind `nodes` (RESP3).
     #[cfg(feature = "cluster")]
     pub(crate) fn cluster(nodes: Vec<redis::ConnectionInfo>) -> Self {
@@ -483,6 +493,12 @@ impl Events {
         };
         if !self.inner.sweeper.swap(true, Ordering::AcqRel) {
             tokio::spawn(sweeper(Arc::downgrade(&self.inner)));
+            if let Source::Sentinel(sentinel) = &self.inner.source {
+                tokio::spawn(follow_primary(
+                    Arc::downgrade(&self.inner),
+                    sentinel.changes(),
+                ));
+            }
         }
         Ok(listener)
     }
@@ -571,22 +587,10 @@ impl Inner {
             None => Err(()),
         };
         match &self.source {
-            Source::Server(client) => {
-                let info = client.get_connection_info().clone();
-                let settings = info
-                    .redis_settings()
-                    .clone()
-                    .set_protocol(redis::ProtocolVersion::RESP3);
-                let client = redis::Client::open(info.set_redis_settings(settings))?;
-                let config = ConnectionManagerConfig::new()
-                    .set_push_sender(on_push)
-                    .set_automatic_resubscription()
-                    .set_connection_timeout(Some(REQUEST_TIMEOUT))
-                    .set_response_timeout(Some(REQUEST_TIMEOUT))
-                    .set_max_delay(REQUEST_TIMEOUT);
-                // Connects on the first request, within its caller's time limit.
-                let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-                Ok(Conn::Server(conn))
+            Source::Server(client) => Self::connect_server(client, on_push),
+            Source::Sentinel(sentinel) => {
+                let client = sentinel.primary_client().await?;
+                Self::connect_server(&client, on_push)
             }
             #[cfg(feature = "cluster")]
             Source::Cluster(nodes) => {
@@ -604,6 +608,28 @@ impl Inner {
                 })
             }
         }
+    }
+
+    /// A connection to the server behind `client` that hands its pushes to `on_push`.
+    fn connect_server(
+        client: &redis::Client,
+        on_push: impl Fn(PushInfo) -> Result<(), ()> + Send + Sync + 'static,
+    ) -> RedisResult<Conn> {
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings))?;
+        let config = ConnectionManagerConfig::new()
+            .set_push_sender(on_push)
+            .set_automatic_resubscription()
+            .set_connection_timeout(Some(REQUEST_TIMEOUT))
+            .set_response_timeout(Some(REQUEST_TIMEOUT))
+            .set_max_delay(REQUEST_TIMEOUT);
+        // Connects on the first request, within its caller's time limit.
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(Conn::Server(conn))
     }
 
     /// Handles one push from the pub/sub connection of `generation`, without waiting for
@@ -896,6 +922,19 @@ impl Drop for Subscription {
 
 /// Unsubscribes channels that nobody waited for during [`IDLE`], in batches, and pings the
 /// connection while somebody waits, until the client is gone.
+/// Replaces the pub/sub connection whenever the primary of a Sentinel deployment changes:
+/// every subscription is made again on the new primary, and every waiter is woken (a release
+/// may have gone unheard).
+async fn follow_primary(inner: Weak<Inner>, mut changes: watch::Receiver<u64>) {
+    while changes.changed().await.is_ok() {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        tracing::debug!("the primary changed; release events subscribe again there");
+        inner.replace_listener();
+    }
+}
+
 async fn sweeper(inner: Weak<Inner>) {
     let mut last_ping = Instant::now();
     loop {

@@ -43,14 +43,15 @@ pub(crate) struct Held {
 }
 
 impl<T> Step<T> {
-    /// Classifies an attempt's error: transient Redis errors, and a Redlock majority missed
-    /// because of failing masters, are worth another attempt.
+    /// Classifies an attempt's error: transient Redis errors, a Redlock majority missed
+    /// because of failing masters, and a write too few replicas acknowledged are worth
+    /// another attempt.
     pub(crate) fn from_error(err: Error) -> Self {
         match &err {
             Error::Redis(redis) | Error::UnknownOutcome(redis) if is_transient(redis) => {
                 Self::Again(err)
             }
-            Error::Quorum { .. } => Self::Again(err),
+            Error::Quorum { .. } | Error::NotReplicated { .. } => Self::Again(err),
             _ => Self::Stop(err),
         }
     }

@@ -176,6 +176,11 @@ where
     }
 
     /// How many commands ran only after loading their script (NOSCRIPT), on all masters.
+    /// The masters.
+    pub(crate) fn nodes(&self) -> &[Arc<Store<C>>] {
+        &self.nodes
+    }
+
     pub(crate) fn script_reloads(&self) -> u64 {
         self.nodes.iter().map(|store| store.script_reloads()).sum()
     }

@@ -26,11 +26,15 @@ const QUEUE_GOES_HERE: &str = "-- (queue.lua goes here)\n";
 /// after the fast paths of `obtain.lua` and `release.lua`.
 const OWNER_GOES_HERE: &str = "-- (owner.lua goes here)\n";
 
-/// `script` with `owner.lua` and `queue.lua` in place of their marker lines.
+/// The line in `obtain.lua` and `modes.lua` where `fence.lua` goes.
+const FENCE_GOES_HERE: &str = "-- (fence.lua goes here)\n";
+
+/// `script` with `owner.lua`, `queue.lua` and `fence.lua` in place of their marker lines.
 fn bundle(script: &str) -> Lua {
     let script = script
         .replacen(OWNER_GOES_HERE, include_str!("../lua/owner.lua"), 1)
-        .replacen(QUEUE_GOES_HERE, include_str!("../lua/queue.lua"), 1);
+        .replacen(QUEUE_GOES_HERE, include_str!("../lua/queue.lua"), 1)
+        .replacen(FENCE_GOES_HERE, include_str!("../lua/fence.lua"), 1);
     Lua::new(script)
 }
 

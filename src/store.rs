@@ -3,6 +3,7 @@
 //! This layer knows the scripts, the value encoding and the reply shapes; it knows nothing
 //! about retries or deadlines (see `policy`).
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
 use crate::mode::{Mode, Modes};
+use crate::replication::{Acks, Replication};
 use crate::request::{Claim, Ticket, Try};
 use crate::scripts::{self, Lua};
 
@@ -69,7 +71,19 @@ pub(crate) struct Store<C> {
     /// How many times a script had to be sent whole after a NOSCRIPT reply: the command then
     /// ran again behind whatever was queued after it.
     reloads: AtomicU64,
+    /// How many replicas must acknowledge a lock write (see `replication.rs`); set once.
+    replication: OnceLock<Replication>,
+    /// The configuration epoch of the primary behind the connection, when it is known (a
+    /// Sentinel deployment): fencing tokens are led by it (see `lua/fence.lua`).
+    epoch: OnceLock<Epoch>,
 }
+
+/// Tells the configuration epoch of the primary a connection sends to now.
+pub(crate) type Epoch = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+
+/// The highest epoch fencing tokens are led by: `<epoch><16 digits>` stays below 2^63, the
+/// largest value Redis can INCR.
+const MAX_FENCE_EPOCH: u64 = 900;
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// A store on a Redis Cluster: releases are announced with sharded pub/sub (SPUBLISH,
@@ -88,6 +102,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             conn,
             set_nx_get: AtomicBool::new(true),
             reloads: AtomicU64::new(0),
+            replication: OnceLock::new(),
+            epoch: OnceLock::new(),
             // A standalone server: plain pub/sub. (redis-rs subscribes to sharded channels
             // only over cluster connections, and a single server gains nothing from them.)
             announce: scripts::PUBLISH,
@@ -102,64 +118,163 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// key found held by the script-free path is asked for its TTL (a second round trip,
     /// only when held).
     pub(crate) async fn obtain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
+        // Fencing tokens are led by the epoch of the primary the obtain is sent to.
+        let epoch = claim.counter.map(|_| self.epoch());
         // The script paths' futures are boxed: every caller's future would otherwise carry
         // (and copy, each time it moves) room for them, also on the common path without.
-        if let Some(modes) = claim.modes {
-            return Box::pin(self.obtain_by_modes(claim, modes, how)).await;
-        }
-        match self.obtain_plain(claim, how).await {
-            // Maybe a key that locks with modes hold shared or as permits: only their
-            // script knows (one more round trip, only for such keys).
-            Err(Error::WrongType { key }) if claim.keys.contains(&key) => {
-                let modes = Modes::exclusive(claim.keys.len());
-                Box::pin(self.obtain_by_modes(claim, &modes, how)).await
+        let written = if let Some(modes) = claim.modes {
+            Box::pin(self.obtain_by_modes(claim, modes, how)).await
+        } else {
+            match self.obtain_plain(claim, how).await {
+                // Maybe a key that locks with modes hold shared or as permits: only their
+                // script knows (one more round trip, only for such keys).
+                Err(Error::WrongType { key }) if claim.keys.contains(&key) => {
+                    let modes = Modes::exclusive(claim.keys.len());
+                    Box::pin(self.obtain_by_modes(claim, &modes, how)).await
+                }
+                outcome => outcome,
             }
-            outcome => outcome,
+        };
+        let (outcome, acks) = written?;
+        if let (Obtain::Obtained { .. }, Some(acks)) = (outcome, acks) {
+            Box::pin(self.keep_if_replicated(claim, acks)).await?;
         }
+        if matches!(outcome, Obtain::Obtained { fence: Some(_) })
+            && epoch != claim.counter.map(|_| self.epoch())
+        {
+            return Box::pin(self.undo_minted_elsewhere(claim)).await;
+        }
+        Ok(outcome)
     }
 
-    async fn obtain_plain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
+    /// Lets fencing tokens be led by the configuration epoch `epoch` tells (set once).
+    pub(crate) fn lead_fences_by(&self, epoch: Epoch) {
+        let _ = self.epoch.set(epoch);
+    }
+
+    /// The epoch fencing tokens are led by now: 0 when none is known.
+    fn epoch(&self) -> u64 {
+        self.epoch
+            .get()
+            .and_then(|epoch| epoch())
+            .unwrap_or(0)
+            .min(MAX_FENCE_EPOCH)
+    }
+
+    /// A fenced obtain ran on a new primary that the connection found while the obtain was
+    /// on its way, with the old primary's epoch: its token may be below one the old primary
+    /// minted (the new one's counter and clock may both be behind). The lock is given back,
+    /// and the attempt counts as failed on the way, to be tried again with the new epoch.
+    async fn undo_minted_elsewhere(&self, claim: &Claim<'_>) -> Result<Obtain> {
+        if !claim.owner.is_custom()
+            && let Err(err) = self.release(claim, Some("")).await
+        {
+            tracing::warn!(%err, "giving back a lock minted under an old epoch failed; it expires with its TTL");
+        }
+        Err(Error::Redis(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "the primary changed while the obtain minted its fencing token",
+        ))))
+    }
+
+    /// Makes writes to this server count only once `replication` is met (see
+    /// `replication.rs`): every later lock write waits for its acknowledgements. Set once;
+    /// false when it was set already.
+    pub(crate) fn replicate(&self, replication: Replication) -> bool {
+        self.replication.set(replication).is_ok()
+    }
+
+    /// The replication set for this server, if any (also one that waits for nothing).
+    pub(crate) fn replication_set(&self) -> Option<&Replication> {
+        self.replication.get()
+    }
+
+    /// The replication lock writes wait for, when they wait at all.
+    pub(crate) fn replication(&self) -> Option<&Replication> {
+        self.replication
+            .get()
+            .filter(|replication| replication.is_on())
+    }
+
+    /// An obtain wrote the claim's keys and `acks` answered for the write: when too few
+    /// replicas acknowledged it, the keys are removed again (best effort) and the obtain
+    /// fails, since a failover could lose the lock.
+    async fn keep_if_replicated(&self, claim: &Claim<'_>, acks: Acks) -> Result<()> {
+        let Some(replication) = self.replication() else {
+            return Ok(());
+        };
+        if replication.acknowledged(&acks) {
+            return Ok(());
+        }
+        tracing::debug!(
+            acknowledged = acks.replicas,
+            required = replication.replicas_needed(),
+            "obtain not replicated in time; removing its keys"
+        );
+        // A custom token may have held these keys before (an outer lock): they are left to
+        // expire, as after an unknown outcome.
+        if claim.owner.is_custom() {
+            return Err(not_replicated(replication, acks));
+        }
+        if let Err(err) = self.release(claim, Some("")).await {
+            tracing::warn!(%err, "removing the keys of an obtain that was not replicated failed; they expire with their TTL");
+        }
+        Err(not_replicated(replication, acks))
+    }
+
+    async fn obtain_plain(&self, claim: &Claim<'_>, how: Try) -> Result<Written<Obtain>> {
         // A fair waiter goes by script: it queues, or takes what was handed or reserved to it.
         let queue = claim.ticket.filter(|_| how.queue);
         if queue.is_none()
             && claim.counter.is_none()
             && let [key] = claim.keys
             && self.set_nx_get.load(Ordering::Relaxed)
-            && let Some(outcome) = self.obtain_one(key, claim).await?
+            && let Some((outcome, acks)) = self.obtain_one(key, claim).await?
         {
             match outcome {
                 Obtain::Held { .. } if how.mark_holder => {}
                 Obtain::Held { .. } if how.holder_ttl => {
-                    return Ok(Obtain::Held {
+                    let held = Obtain::Held {
                         ttl: self.key_ttl(key).await?,
                         key: 0,
                         queued: false,
-                    });
+                    };
+                    return Ok((held, acks));
                 }
-                outcome => return Ok(outcome),
+                outcome => return Ok((outcome, acks)),
             }
         }
         Box::pin(self.obtain_by_script(claim, how.mark_holder || queue.is_some(), queue)).await
     }
 
     /// Tries once to lock every key of `claim` in its mode, by `modes.lua`.
-    async fn obtain_by_modes(&self, claim: &Claim<'_>, modes: &Modes, how: Try) -> Result<Obtain> {
+    async fn obtain_by_modes(
+        &self,
+        claim: &Claim<'_>,
+        modes: &Modes,
+        how: Try,
+    ) -> Result<Written<Obtain>> {
         let rest = (
             claim.ttl.millis,
-            u8::from(claim.counter.is_some()),
+            self.fence_arg(claim),
             u8::from(how.mark_holder),
             u8::from(how.retries),
         );
         let args = mode_args("obtain", modes, claim, rest);
-        let reply = self
-            .invoke(&scripts::MODES, claim.keys, claim.counter, args)
+        let (reply, acks) = self
+            .write(&scripts::MODES, claim.keys, claim.counter, args)
             .await?;
         if let Value::Array(items) = &reply
             && let [Value::Int(scripts::MODE_MISMATCH), Value::Int(index), held] = items.as_slice()
         {
             return Err(mode_mismatch(claim.keys, modes, *index, held));
         }
-        parse_obtain_reply(reply)
+        Ok((parse_obtain_reply(reply)?, acks))
+    }
+
+    /// The scripts' fencing argument: 0 without a counter, else the epoch plus one.
+    fn fence_arg(&self, claim: &Claim<'_>) -> u64 {
+        claim.counter.map_or(0, |_| self.epoch() + 1)
     }
 
     /// What is left of `key`'s TTL, as the script reports a holder's: `None` without an
@@ -178,27 +293,28 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// One key, no script: `SET key value NX PX ttl GET` either sets the key (reply nil) or
     /// returns the holder's value. Returns `None` when the script must decide: the key
     /// already holds our own token, or the server does not know this form of SET.
-    async fn obtain_one(&self, key: &str, claim: &Claim<'_>) -> Result<Option<Obtain>> {
-        let reply: RedisResult<Option<Vec<u8>>> =
-            Cmd::with_capacity(7, 32 + key.len() + claim.value.len())
-                .arg("SET")
-                .arg(key)
-                .arg(claim.value)
-                .arg("NX")
-                .arg("PX")
-                .arg(claim.ttl.millis)
-                .arg("GET")
-                .query_async(&mut self.conn.clone())
-                .await;
+    async fn obtain_one(&self, key: &str, claim: &Claim<'_>) -> Result<Option<Written<Obtain>>> {
+        let mut set = Cmd::with_capacity(7, 32 + key.len() + claim.value.len());
+        set.arg("SET")
+            .arg(key)
+            .arg(claim.value)
+            .arg("NX")
+            .arg("PX")
+            .arg(claim.ttl.millis)
+            .arg("GET");
+        let reply: RedisResult<(Option<Vec<u8>>, _)> = self.query(set, true).await;
         match reply {
-            Ok(None) => Ok(Some(Obtain::Obtained { fence: None })),
+            Ok((None, acks)) => Ok(Some((Obtain::Obtained { fence: None }, acks))),
             // Held by ourselves: re-obtain by script, which also keeps the longer TTL.
-            Ok(Some(holder)) if claim.owner.owns(&holder) => Ok(None),
-            Ok(Some(_)) => Ok(Some(Obtain::Held {
-                ttl: None,
-                key: 0,
-                queued: false,
-            })),
+            Ok((Some(holder), _)) if claim.owner.owns(&holder) => Ok(None),
+            Ok((Some(_), acks)) => Ok(Some((
+                Obtain::Held {
+                    ttl: None,
+                    key: 0,
+                    queued: false,
+                },
+                acks,
+            ))),
             Err(err) if err.code() == Some("WRONGTYPE") => Err(Error::WrongType {
                 key: key.to_owned(),
             }),
@@ -216,22 +332,22 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         claim: &Claim<'_>,
         mark_holder: bool,
         queue: Option<&Ticket>,
-    ) -> Result<Obtain> {
+    ) -> Result<Written<Obtain>> {
         // The fencing counter, if any, goes last in KEYS, flagged by ARGV[3]. The flags and
         // the queue are left out when all are off: the common case, one argument less each.
         let counted = claim.counter.is_some();
         let rest = (counted || mark_holder || queue.is_some()).then(|| {
             (
-                u8::from(counted),
+                self.fence_arg(claim),
                 u8::from(mark_holder),
                 queue.map(|ticket| (ticket.lease.millis, ticket.id.as_str(), ticket.turn)),
             )
         });
         let args = (claim.value, claim.ttl.millis, rest);
-        let reply = self
-            .invoke(&scripts::OBTAIN, claim.keys, claim.counter, args)
+        let (reply, acks) = self
+            .write(&scripts::OBTAIN, claim.keys, claim.counter, args)
             .await?;
-        parse_obtain_reply(reply)
+        Ok((parse_obtain_reply(reply)?, acks))
     }
 
     /// The smallest remaining TTL across the keys, if they are ours. A lock held without
@@ -257,20 +373,28 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
     /// Extends every key to the claim's TTL, only if every key is ours. With `restore`,
     /// missing keys are re-created with the claim's value (Redlock, once a majority is known
-    /// to hold the lock, on a master that restarted empty).
+    /// to hold the lock, on a master that restarted empty). When writes are replicated, an
+    /// extension too few replicas acknowledged fails with [`Error::NotReplicated`]: it may
+    /// have run on the primary, but a failover could undo it.
     pub(crate) async fn refresh(&self, claim: &Claim<'_>, restore: bool) -> Result<Holding<()>> {
-        let done: i64 = match claim.modes {
+        let (done, acks): (i64, _) = match claim.modes {
             Some(modes) => {
                 let rest = (claim.ttl.millis, u8::from(restore));
                 let args = mode_args("refresh", modes, claim, rest);
-                self.invoke(&scripts::MODES, claim.keys, None, args).await?
+                self.write(&scripts::MODES, claim.keys, None, args).await?
             }
             None => {
                 let args = (claim.value, claim.ttl.millis, restore.then_some(1));
-                self.invoke(&scripts::REFRESH, claim.keys, None, args)
+                self.write(&scripts::REFRESH, claim.keys, None, args)
                     .await?
             }
         };
+        if done == scripts::DONE
+            && let (Some(replication), Some(acks)) = (self.replication(), acks)
+            && !replication.acknowledged(&acks)
+        {
+            return Err(not_replicated(replication, acks));
+        }
         Ok(Holding::from_reply(done, ()))
     }
 
@@ -297,8 +421,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         let done: i64 = match claim.modes {
             Some(modes) => {
                 let args = mode_args("release", modes, claim, (announce, payload));
-                self.send(&scripts::MODES, claim.keys, None, args, sending)
+                self.send(&scripts::MODES, claim.keys, None, args, sending, false)
                     .await?
+                    .0
             }
             None => {
                 // The common case is the script's default, and then goes without the rest:
@@ -313,8 +438,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                     None,
                     (claim.value, rest),
                     sending,
+                    false,
                 )
                 .await?
+                .0
             }
         };
         Ok(Holding::from_reply(done, ()))
@@ -336,6 +463,31 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             .find_map(|line| line.strip_prefix("run_id:"))
             .unwrap_or_default();
         Ok(run_id.trim().to_owned())
+    }
+
+    /// How many replicas the primary behind this connection has connected: `ROLE` lists
+    /// them; on a cluster, the fewest of any shard that serves slots (`CLUSTER NODES`).
+    pub(crate) async fn replicas_connected(&self) -> Result<u32> {
+        let mut conn = self.conn.clone();
+        if self.announce == scripts::PUBLISH {
+            let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
+            return Ok(replicas_of_role(&role));
+        }
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn)
+            .await?;
+        Ok(fewest_replicas_per_shard(&nodes))
+    }
+
+    /// Whether the server knows `command` (`COMMAND INFO` answers nil for one it does not).
+    pub(crate) async fn knows(&self, command: &str) -> Result<bool> {
+        let info: Vec<Value> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(command)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(info.first().is_some_and(|info| *info != Value::Nil))
     }
 
     /// Like [`Store::release`], but sends the script's source with EVAL. For clean-up after
@@ -360,11 +512,27 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         extra_key: Option<&str>,
         args: A,
     ) -> Result<T> {
-        self.send(script, keys, extra_key, args, Sending::ByHash)
+        let (reply, _) = self
+            .send(script, keys, extra_key, args, Sending::ByHash, false)
+            .await?;
+        Ok(reply)
+    }
+
+    /// Runs `script` as [`Store::invoke`] does, for a write that a lock counts on: when
+    /// writes are replicated, the wait for its acknowledgements follows in the same request.
+    async fn write<T: FromRedisValue, A: ToRedisArgs>(
+        &self,
+        script: &Lua,
+        keys: &[String],
+        extra_key: Option<&str>,
+        args: A,
+    ) -> Result<Written<T>> {
+        self.send(script, keys, extra_key, args, Sending::ByHash, true)
             .await
     }
 
-    /// Runs `script` as [`Store::invoke`] does, or sends it whole at once.
+    /// Runs `script` as [`Store::invoke`] does, or sends it whole at once; `wait`: a write
+    /// that waits for replicas when they are asked for.
     async fn send<T: FromRedisValue, A: ToRedisArgs>(
         &self,
         script: &Lua,
@@ -372,7 +540,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         extra_key: Option<&str>,
         args: A,
         sending: Sending,
-    ) -> Result<T> {
+        wait: bool,
+    ) -> Result<Written<T>> {
         let command = |verb: &str, script: &str| {
             let key_bytes: usize = keys.iter().map(String::len).sum();
             let mut cmd = Cmd::with_capacity(keys.len() + 8, key_bytes + script.len() + 128);
@@ -384,26 +553,50 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 .arg(&args);
             cmd
         };
-        let mut conn = self.conn.clone();
         if sending == Sending::Whole {
-            return Ok(command("EVAL", &script.source)
-                .query_async(&mut conn)
-                .await?);
+            return Ok(self.query(command("EVAL", &script.source), wait).await?);
         }
-        match command("EVALSHA", &script.hash)
-            .query_async(&mut conn)
-            .await
-        {
+        match self.query(command("EVALSHA", &script.hash), wait).await {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 self.reloads.fetch_add(1, Ordering::Relaxed);
-                Ok(command("EVAL", &script.source)
-                    .query_async(&mut conn)
-                    .await?)
+                Ok(self.query(command("EVAL", &script.source), wait).await?)
             }
             reply => Ok(reply?),
         }
+    }
+
+    /// Sends `cmd`. With `wait`, when writes are replicated, the wait for replicas follows
+    /// it in the same request, so on the same connection (see `replication.rs`), and its
+    /// answer comes back beside the reply.
+    async fn query<T: FromRedisValue>(&self, cmd: Cmd, wait: bool) -> RedisResult<Written<T>> {
+        let mut conn = self.conn.clone();
+        let Some(replication) = self.replication().filter(|_| wait) else {
+            return Ok((cmd.query_async(&mut conn).await?, None));
+        };
+        let mut pipe = replication.pipeline(cmd);
+        // The write's own error (WRONGTYPE, NOSCRIPT, ...) is reported as it would be alone.
+        pipe.ignore_errors();
+        let (reply, acks): (Value, Value) = pipe.query_async(&mut conn).await?;
+        let reply = T::from_redis_value(reply.extract_error()?)?;
+        // An error instead of a count: nothing is known to be acknowledged.
+        let acks = Acks::parse(&acks).unwrap_or(Acks {
+            replicas: 0,
+            local: false,
+        });
+        Ok((reply, Some(acks)))
+    }
+}
+
+/// A write's reply, and when writes are replicated, how many replicas acknowledged it.
+type Written<T> = (T, Option<Acks>);
+
+/// The error for a write that `acks` acknowledged too few times for `replication`.
+fn not_replicated(replication: &Replication, acks: Acks) -> Error {
+    Error::NotReplicated {
+        acknowledged: acks.replicas,
+        required: replication.replicas_needed(),
     }
 }
 
@@ -414,6 +607,43 @@ enum Sending {
     ByHash,
     /// Whole (EVAL), never depending on a second round trip.
     Whole,
+}
+
+/// How many replicas a `ROLE` reply lists: `["master", offset, [[ip, port, offset], ...]]`;
+/// none for a server that is not a primary.
+fn replicas_of_role(role: &Value) -> u32 {
+    match role {
+        Value::Array(items) => match items.as_slice() {
+            [_, _, Value::Array(replicas)] => u32::try_from(replicas.len()).unwrap_or(u32::MAX),
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// The fewest healthy replicas any primary that serves slots has, from `CLUSTER NODES`:
+/// lines of `id address flags primary ping pong epoch link-state slots...`.
+fn fewest_replicas_per_shard(nodes: &str) -> u32 {
+    let nodes: Vec<Vec<&str>> = nodes
+        .lines()
+        .map(|line| line.split(' ').collect())
+        .filter(|fields: &Vec<&str>| fields.len() >= 8)
+        .collect();
+    let healthy = |fields: &[&str]| {
+        fields[7] == "connected" && !fields[2].split(',').any(|flag| flag.starts_with("fail"))
+    };
+    nodes
+        .iter()
+        .filter(|fields| fields[2].contains("master") && fields.len() > 8 && healthy(fields))
+        .map(|primary| {
+            let replicas = nodes
+                .iter()
+                .filter(|fields| fields[3] == primary[0] && healthy(fields))
+                .count();
+            u32::try_from(replicas).unwrap_or(u32::MAX)
+        })
+        .min()
+        .unwrap_or(0)
 }
 
 fn is_syntax_error(err: &RedisError) -> bool {
@@ -464,9 +694,12 @@ fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
         [Value::Int(scripts::OBTAINED)] | [Value::Int(scripts::OBTAINED), Value::Nil] => {
             Ok(Obtain::Obtained { fence: None })
         }
-        // The script refuses counters below 1.
-        [Value::Int(scripts::OBTAINED), Value::Int(fence)] => Ok(Obtain::Obtained {
-            fence: u64::try_from(*fence).ok(),
+        // The token, as a decimal string (the script refuses counters below 1).
+        [
+            Value::Int(scripts::OBTAINED),
+            fence @ (Value::BulkString(_) | Value::Int(_)),
+        ] => Ok(Obtain::Obtained {
+            fence: redis::from_redis_value_ref::<u64>(fence).ok(),
         }),
         [
             Value::Int(scripts::HELD),
@@ -486,5 +719,51 @@ fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
             key: redis::from_redis_value_ref(key).unwrap_or_default(),
         }),
         _ => Err(unexpected(&reply)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_lists_the_connected_replicas() {
+        let replica = |port: &str| {
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::BulkString(port.as_bytes().to_vec()),
+                Value::BulkString(b"10".to_vec()),
+            ])
+        };
+        let primary = Value::Array(vec![
+            Value::BulkString(b"master".to_vec()),
+            Value::Int(10),
+            Value::Array(vec![replica("7001"), replica("7002")]),
+        ]);
+        assert_eq!(replicas_of_role(&primary), 2);
+        let replica_role = Value::Array(vec![
+            Value::BulkString(b"slave".to_vec()),
+            Value::BulkString(b"127.0.0.1".to_vec()),
+            Value::Int(7000),
+            Value::BulkString(b"connected".to_vec()),
+            Value::Int(10),
+        ]);
+        assert_eq!(replicas_of_role(&replica_role), 0);
+    }
+
+    #[test]
+    fn cluster_nodes_give_the_fewest_healthy_replicas_of_a_shard() {
+        let nodes = "\
+a 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-8000
+b 127.0.0.1:7001@17001 master - 0 0 2 connected 8001-16383
+c 127.0.0.1:7002@17002 slave a 0 0 1 connected
+d 127.0.0.1:7003@17003 slave b 0 0 2 connected
+e 127.0.0.1:7004@17004 slave,fail b 0 0 2 disconnected
+f 127.0.0.1:7005@17005 slave a 0 0 1 connected
+g 127.0.0.1:7006@17006 master - 0 0 3 connected
+";
+        // a has c and f; b has d (e failed); g serves no slots.
+        assert_eq!(fewest_replicas_per_shard(nodes), 1);
+        assert_eq!(fewest_replicas_per_shard(""), 0);
     }
 }

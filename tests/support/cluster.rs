@@ -189,11 +189,4 @@ impl Cluster {
     }
 }
 
-fn cli(port: u16, args: &[&str]) -> String {
-    let output = Command::new(super::server::cli_binary())
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("run redis-cli");
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
+use super::server::cli;

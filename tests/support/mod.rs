@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod fair;
 pub mod masters;
 pub mod proxy;
+pub mod sentinel;
 pub mod server;
 
 use std::time::Duration;
@@ -203,6 +204,11 @@ pub fn bundled(script: &str) -> String {
         .replacen(
             "-- (queue.lua goes here)\n",
             include_str!("../../lua/queue.lua"),
+            1,
+        )
+        .replacen(
+            "-- (fence.lua goes here)\n",
+            include_str!("../../lua/fence.lua"),
             1,
         )
 }

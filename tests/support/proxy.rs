@@ -84,6 +84,11 @@ impl Proxy {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// The port the proxy listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Delays every chunk in both directions by `latency`.
     pub fn set_latency(&self, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);

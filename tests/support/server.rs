@@ -94,9 +94,49 @@ impl RedisServer {
         Self::try_start_with(port, &[], None)
     }
 
-    /// `dir`: the server's private folder, removed with it.
+    /// Starts a server with `extra` arguments (`--replicaof 127.0.0.1 PORT`, say) on a free
+    /// port, or on `port` when given (a replaced server comes back where it was).
+    pub fn start_with(port: Option<u16>, extra: &[&str]) -> Self {
+        for _ in 0..50 {
+            if let Some(server) = Self::try_start_with(port.unwrap_or_else(free_port), extra, None)
+            {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server {extra:?} did not start");
+    }
+
+    /// Starts a sentinel (`redis-server FILE --sentinel`) on a free port, its configuration
+    /// `config` in a private folder (sentinels rewrite their file).
+    pub fn start_sentinel(config: &str) -> Self {
+        for _ in 0..10 {
+            let port = free_port();
+            let path = std::env::temp_dir()
+                .join(format!("lockset-sentinel-{}-{port}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).expect("sentinel folder");
+            let file = path.join("sentinel.conf");
+            std::fs::write(&file, config).expect("sentinel config");
+            let file = file.to_string_lossy().into_owned();
+            let dir = path.to_string_lossy().into_owned();
+            let args = [file.as_str(), "--sentinel", "--dir", &dir];
+            if let Some(server) = Self::try_start_with(port, &args, Some(path)) {
+                return server;
+            }
+        }
+        panic!("no sentinel started on any of 10 free ports");
+    }
+
+    /// `dir`: the server's private folder, removed with it. A configuration file, if any,
+    /// leads `extra`.
     fn try_start_with(port: u16, extra: &[&str], dir: Option<PathBuf>) -> Option<Self> {
+        let (file, extra) = match extra.first() {
+            Some(first) if !first.starts_with("--") => (Some(*first), &extra[1..]),
+            _ => (None, extra),
+        };
         let child = Command::new(server_binary())
+            .args(file)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(extra)
             .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
@@ -161,6 +201,16 @@ impl RedisServer {
         assert!(status.success(), "kill -{name} failed");
     }
 
+    /// Kills the server at once (SIGKILL): nothing it has not sent on is kept.
+    pub fn kill(&mut self) {
+        self.stop();
+    }
+
+    /// Whether the server process still runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Kills the server and waits for it to exit.
     pub fn stop(&mut self) {
         let _ = self.child.kill();
@@ -202,6 +252,16 @@ pub fn server_binary() -> std::path::PathBuf {
         Some(path) if !path.is_empty() => path.into(),
         _ => "redis-server".into(),
     }
+}
+
+/// Runs a command on the server at `port` with redis-cli and returns its raw output.
+pub fn cli(port: u16, args: &[&str]) -> String {
+    let output = Command::new(cli_binary())
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// The `redis-cli` beside [`server_binary`], else the one on `PATH`.

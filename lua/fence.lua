@@ -1,0 +1,36 @@
+-- Fencing tokens, shared by obtain.lua and modes.lua: this text takes the place of their
+-- "-- (fence.lua goes here)" line.
+--
+-- mint(counter, epoch) increments the counter and returns the new token as a decimal string,
+-- or an error reply (WRONGTYPE, a counter that is not an integer or not positive, ...). The
+-- token is the counter plus one or, when that is higher, the server's clock in microseconds,
+-- led by the primary's configuration epoch (its digits, then the clock in 16 digits; the
+-- clock alone for epoch 0). So tokens keep increasing when the counter is lost or comes back
+-- older (a restart without persistence, an old snapshot, a replica promoted while behind) as
+-- long as the clock does not go back, and across a Sentinel failover, which raises the
+-- epoch, also when the promoted replica's clock is behind the old primary's. Everything is
+-- done on decimal strings: tokens above 2^53 are not exact in Lua's numbers.
+local function greater(a, b)
+  return #a > #b or (#a == #b and a > b)
+end
+
+local function mint(counter, epoch)
+  local incremented = redis.pcall('INCR', counter)
+  if type(incremented) == 'table' then
+    return incremented
+  end
+  if incremented < 1 then
+    return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. incremented .. ', not positive')
+  end
+  local fence = redis.call('GET', counter)
+  local now = redis.call('TIME')
+  local clock = now[1] .. string.format('%06d', tonumber(now[2]))
+  if epoch > 0 then
+    clock = epoch .. string.rep('0', 16 - #clock) .. clock
+  end
+  if greater(clock, fence) then
+    redis.call('SET', counter, clock)
+    fence = clock
+  end
+  return fence
+end

@@ -1,0 +1,235 @@
+//! A private primary with replicas, watched by three sentinels, on loopback: for failover
+//! tests. Sentinels notice a dead primary after 1 s and promote the replica with the most
+//! data; a killed server can come back as a replica of the new primary.
+
+use std::time::Duration;
+
+use lockset::{Replication, SentinelConfig};
+use tokio::time::Instant;
+
+use super::RedisServer;
+use super::proxy::Proxy;
+use super::server::cli;
+
+/// The name the sentinels know the primary by.
+pub const MASTER: &str = "locks";
+
+/// Data nodes (one primary, the rest replicas) and three sentinels. Which data node is the
+/// primary changes with each failover.
+pub struct Failover {
+    pub nodes: Vec<RedisServer>,
+    pub sentinels: Vec<RedisServer>,
+    /// The proxies the first replicas replicate through, when they lag.
+    pub links: Vec<Proxy>,
+}
+
+/// How long a failover may take on a loaded machine before a test gives up.
+pub const FAILOVER_WITHIN: Duration = Duration::from_secs(30);
+
+impl Failover {
+    /// A primary, `replicas` replicas of it (all in sync), and three sentinels that know
+    /// them all and each other.
+    pub async fn start(replicas: usize) -> Self {
+        Self::start_lagging(replicas, Duration::ZERO).await
+    }
+
+    /// As [`Failover::start`], with the replicas replicating through proxies that delay
+    /// every chunk by `lag` (as a replica in another zone would), until a failover points
+    /// them elsewhere.
+    pub async fn start_lagging(replicas: usize, lag: Duration) -> Self {
+        let primary = RedisServer::start_with(None, &SYNC_AT_ONCE);
+        let mut nodes = vec![primary];
+        let mut links = Vec::new();
+        for _ in 0..replicas {
+            let mut upstream = nodes[0].port();
+            if !lag.is_zero() {
+                let link = Proxy::start(upstream).await;
+                link.set_latency(lag);
+                upstream = link.port();
+                links.push(link);
+            }
+            nodes.push(start_replica(None, upstream));
+        }
+        let config = sentinel_config(nodes[0].port());
+        let sentinels = (0..3)
+            .map(|_| RedisServer::start_sentinel(&config))
+            .collect();
+        let failover = Self {
+            nodes,
+            sentinels,
+            links,
+        };
+        failover.wait_healthy().await;
+        failover
+    }
+
+    /// The sentinels' URLs.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// A client configuration for this deployment, with `replication`.
+    pub fn config(&self, replication: Replication) -> SentinelConfig {
+        SentinelConfig::new(self.sentinel_urls(), MASTER)
+            .expect("sentinel config")
+            .replication(replication)
+    }
+
+    /// The port of the node the first sentinel names as primary.
+    pub fn named_primary(&self) -> u16 {
+        let reply = cli(
+            self.sentinels[0].port(),
+            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
+        );
+        reply
+            .lines()
+            .nth(1)
+            .and_then(|port| port.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The index of the data node that is the primary now (by its own `ROLE`).
+    pub fn primary(&self) -> usize {
+        self.nodes
+            .iter()
+            .position(|node| role(node.port()) == "master")
+            .expect("no primary")
+    }
+
+    /// Kills the primary with SIGKILL and returns its index.
+    pub fn kill_primary(&mut self) -> usize {
+        let primary = self.primary();
+        self.nodes[primary].kill();
+        primary
+    }
+
+    /// Waits until every sentinel names a primary other than `old_port`, and that node says
+    /// it is the primary; returns its index.
+    pub async fn wait_for_promotion(&self, old_port: u16) -> usize {
+        let start = Instant::now();
+        loop {
+            let named: Vec<u16> = self
+                .sentinels
+                .iter()
+                .map(|sentinel| {
+                    let reply = cli(
+                        sentinel.port(),
+                        &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
+                    );
+                    reply
+                        .lines()
+                        .nth(1)
+                        .and_then(|port| port.trim().parse().ok())
+                        .unwrap_or(0)
+                })
+                .collect();
+            if let Some(&port) = named.first()
+                && port != old_port
+                && named.iter().all(|&p| p == port)
+                && role(port) == "master"
+                && let Some(index) = self.nodes.iter().position(|n| n.port() == port)
+            {
+                return index;
+            }
+            assert!(
+                start.elapsed() < FAILOVER_WITHIN,
+                "no promotion within {FAILOVER_WITHIN:?} (sentinels name {named:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts the killed node `index` again, empty, as a replica of the current primary
+    /// (the sentinels would make it one anyway), and waits until the deployment is whole.
+    pub async fn restore(&mut self, index: usize) {
+        let primary = self.nodes[self.primary()].port();
+        let port = self.nodes[index].port();
+        self.nodes[index] = start_replica(Some(port), primary);
+        self.wait_healthy().await;
+    }
+
+    /// Waits until the primary has every other node as an online replica, and every
+    /// sentinel names it, knows each replica and the other sentinels, and sees it up.
+    pub async fn wait_healthy(&self) {
+        let start = Instant::now();
+        let replicas = self.nodes.len() - 1;
+        loop {
+            if self.is_healthy(replicas) {
+                return;
+            }
+            assert!(
+                start.elapsed() < FAILOVER_WITHIN * 2,
+                "the deployment did not become whole"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn is_healthy(&self, replicas: usize) -> bool {
+        let Some(primary) = self.nodes.iter().find(|node| role(node.port()) == "master") else {
+            return false;
+        };
+        let info = cli(primary.port(), &["INFO", "replication"]);
+        let online = info.matches("state=online").count();
+        online == replicas
+            && self.sentinels.iter().all(|sentinel| {
+                let master = fields(&cli(sentinel.port(), &["SENTINEL", "MASTER", MASTER]));
+                let get = |name: &str| master.get(name).map_or("", String::as_str).to_owned();
+                get("port") == primary.port().to_string()
+                    && get("flags") == "master"
+                    && get("num-slaves") == replicas.to_string()
+                    && get("num-other-sentinels") == (self.sentinels.len() - 1).to_string()
+                    && self.replicas_known_up(sentinel.port(), replicas)
+            })
+    }
+
+    /// Whether the sentinel at `port` sees `replicas` replicas, none of them down.
+    fn replicas_known_up(&self, port: u16, replicas: usize) -> bool {
+        let listed = cli(port, &["SENTINEL", "REPLICAS", MASTER]);
+        let flags: Vec<&str> = listed
+            .lines()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|pair| pair[0] == "flags")
+            .map(|pair| pair[1])
+            .collect();
+        flags.len() == replicas && flags.iter().all(|f| *f == "slave")
+    }
+}
+
+/// A sentinel's configuration: quick to notice a dead primary (1 s) and to try again.
+fn sentinel_config(primary: u16) -> String {
+    format!(
+        "sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
+         sentinel down-after-milliseconds {MASTER} 1000\n\
+         sentinel failover-timeout {MASTER} 3000\n\
+         sentinel parallel-syncs {MASTER} 2\n"
+    )
+}
+
+/// Every data node may become the primary: none waits for more replicas before it sends
+/// one its data (Redis 7 waits 5 s by default).
+const SYNC_AT_ONCE: [&str; 2] = ["--repl-diskless-sync-delay", "0"];
+
+/// A replica of the server at `primary` port, on `port` or a free one.
+fn start_replica(port: Option<u16>, primary: u16) -> RedisServer {
+    let primary = primary.to_string();
+    let mut args = vec!["--replicaof", "127.0.0.1", &primary];
+    args.extend(SYNC_AT_ONCE);
+    RedisServer::start_with(port, &args)
+}
+
+/// A node's role by its own `ROLE` ("master", "slave"); empty when it does not answer.
+pub fn role(port: u16) -> String {
+    cli(port, &["ROLE"]).lines().next().unwrap_or("").to_owned()
+}
+
+/// redis-cli's output of a flat list of names and values, as a map.
+fn fields(output: &str) -> std::collections::HashMap<String, String> {
+    output
+        .lines()
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .filter_map(|pair| Some((pair.first()?.to_string(), pair.get(1)?.to_string())))
+        .collect()
+}
