@@ -902,6 +902,11 @@ fn checked_modes(keys: &[String], modes: Vec<Mode>) -> Result<Option<Modes>> {
     Ok(Modes::new(keys, modes)?)
 }
 
+/// The first pause before a clean-up that could not reach Redis is tried again.
+const CLEAN_UP_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause between tries of a clean-up.
+const CLEAN_UP_PAUSE_AT_MOST: Duration = Duration::from_secs(1);
+
 /// Releases by token in the background when an attempt is dropped mid-flight, or ends
 /// without an intact reply (random tokens only).
 struct CleanupOnDrop<'a, 'b, C>
@@ -944,6 +949,12 @@ where
 
 /// Releases `claim` by token in the background, leaving its queues too: sent on the same
 /// connection after the obtain's last attempt, so it runs after it.
+///
+/// A clean-up that cannot reach the server (a failover under way, a restart) is tried
+/// again, with growing pauses, until what it removes would have expired anyway: the keys'
+/// TTL, and a fair waiter's lease. Its queue entry would otherwise stay behind, and a
+/// release hand the lock to a waiter that started over under another token, which nobody
+/// then holds or releases until it expires.
 fn clean_up_later<C>(client: &Client<C>, claim: Arc<OwnedClaim>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -951,8 +962,23 @@ where
     let client = client.clone();
     let tasks = client.tasks().clone();
     let spawned = tasks.spawn(async move {
-        if let Err(err) = client.backend().clean_up(&claim.claim()).await {
-            tracing::warn!(%err, "clean-up after an obtain that was cancelled or got no reply failed; the keys expire with their TTL");
+        let claim = claim.claim();
+        let lease = claim.ticket.map_or(Duration::ZERO, |ticket| ticket.lease.duration);
+        let expired = Instant::now() + claim.ttl.duration.max(lease);
+        let mut pause = CLEAN_UP_PAUSE;
+        loop {
+            match client.backend().clean_up(&claim).await {
+                Err(err) if err.is_unavailable() && Instant::now() + pause < expired => {
+                    tracing::debug!(%err, "clean-up could not reach Redis; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(CLEAN_UP_PAUSE_AT_MOST);
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "clean-up after an obtain that was cancelled or got no reply failed; the keys expire with their TTL");
+                    return;
+                }
+                Ok(()) => return,
+            }
         }
     });
     if spawned.is_none() {

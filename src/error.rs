@@ -335,9 +335,10 @@ pub(crate) fn is_changing_over(err: &redis::RedisError) -> bool {
     )
 }
 
-/// No intact reply came (none, or a cut one): the request may or may not have run.
+/// No intact reply came (none, or a cut one): the request may or may not have run. A
+/// refused connection is not one: nothing was sent.
 pub(crate) fn is_outcome_unknown(err: &redis::RedisError) -> bool {
-    is_unreachable(err) || err.kind() == redis::ErrorKind::Parse
+    (is_unreachable(err) && !err.is_connection_refusal()) || err.kind() == redis::ErrorKind::Parse
 }
 
 /// Input rejected before anything was sent to Redis.

@@ -199,3 +199,220 @@ async fn a_replicated_lock_survives_its_primary_killed_at_once() {
     );
     assert_eq!(lost.0, 0, "a replicated lock was lost in a failover");
 }
+
+/// Whether the node `index` of `failover` has `key`.
+async fn has(failover: &Failover, index: usize, key: &str) -> bool {
+    let found: i64 = raw(failover, index).await.exists(key).await.unwrap();
+    found == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_cut_off_from_its_replicas_loses_only_unreplicated_locks() {
+    // The replicas replicate through proxies: stalling them cuts the primary off, while
+    // clients still reach it (a partition on the primary's side).
+    let mut failover = Failover::start_lagging(2, Duration::from_micros(1)).await;
+    let replicated = Client::connect_sentinel(failover.config(Replication::replicas(1)))
+        .await
+        .unwrap();
+    let plain = Client::connect_sentinel(failover.config(Replication::none()))
+        .await
+        .unwrap();
+    for link in &failover.links {
+        link.stall(true);
+    }
+    let deadline = ms(1_000);
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(deadline);
+    let started = Instant::now();
+    let err = replicated
+        .obtain("cut", ms(60_000), &options)
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_unavailable(), "{err:?}");
+    // The deadline, and at most the grace an attempt on its way gets, and some slack.
+    assert!(took < deadline + ms(400), "{took:?}");
+    tokio::time::timeout(ms(5_000), replicated.background_idle())
+        .await
+        .unwrap();
+    assert!(
+        !has(&failover, 0, "cut").await,
+        "the unreplicated obtain left its key"
+    );
+
+    // Without replication the same obtain succeeds, and the failover loses it.
+    let doomed = plain.obtain("cut", ms(60_000), &options).await.unwrap();
+    let old = failover.nodes[0].port();
+    failover.kill_primary();
+    for link in &failover.links {
+        link.drop_connections();
+    }
+    let promoted = failover.wait_for_promotion(old).await;
+    assert!(!has(&failover, promoted, "cut").await);
+    let second = replicated
+        .obtain("cut", ms(60_000), &options)
+        .await
+        .expect("the lock the failover lost is free at once");
+    assert!(doomed.ttl().await.unwrap().is_none());
+    second.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_replica_fails_obtains_within_their_deadline_and_leaves_nothing() {
+    let failover = Failover::start(1).await;
+    let client = Client::connect_sentinel(failover.config(Replication::replicas(1)))
+        .await
+        .unwrap();
+    failover.nodes[1].pause();
+    for (deadline, retry) in [
+        (ms(300), Retry::NoRetry),
+        (ms(1_000), Retry::linear(ms(50))),
+    ] {
+        let options = Options::default().retry(retry).timeout(deadline);
+        let started = Instant::now();
+        let err = client
+            .obtain_multi(["{p}:a", "{p}:b"], ms(60_000), &options)
+            .await
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(err.is_unavailable(), "{err:?}");
+        assert!(
+            took < deadline + ms(400),
+            "{took:?} for a {deadline:?} deadline"
+        );
+    }
+    tokio::time::timeout(ms(5_000), client.background_idle())
+        .await
+        .unwrap();
+    for key in ["{p}:a", "{p}:b"] {
+        assert!(!has(&failover, 0, key).await, "{key} left behind");
+    }
+    failover.nodes[1].resume();
+    let lock = client
+        .obtain_multi(["{p}:a", "{p}:b"], ms(60_000), &Options::default())
+        .await
+        .expect("obtains again once the replica is back");
+    assert!(has(&failover, 1, "{p}:a").await);
+    lock.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_carries_on_across_a_failover() {
+    let mut failover = Failover::start(2).await;
+    let client = Client::connect_sentinel(failover.config(Replication::replicas(1)))
+        .await
+        .unwrap();
+    let ttl = ms(10_000);
+    let guard = client
+        .obtain("job", ttl, &Options::default())
+        .await
+        .unwrap()
+        .keep_alive_every(ms(200));
+    let lost = guard.lost_signal();
+    let old = failover.nodes[0].port();
+    failover.kill_primary();
+    let promoted = failover.wait_for_promotion(old).await;
+    // The watchdog refreshes on the new primary: the key's TTL is renewed there.
+    support::eventually(ms(10_000), "a refresh on the new primary", async || {
+        let left: i64 = raw(&failover, promoted).await.pttl("job").await.unwrap();
+        left > 9_000
+    })
+    .await;
+    assert!(!lost.is_lost(), "the lock was kept across the failover");
+    guard.release().await.unwrap();
+    assert!(!has(&failover, promoted, "job").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_the_failover_lost_fires_its_lost_signal() {
+    let mut failover = Failover::start(2).await;
+    let client = Client::connect_sentinel(failover.config(Replication::none()))
+        .await
+        .unwrap();
+    let guard = client
+        .obtain("gone", ms(10_000), &Options::default())
+        .await
+        .unwrap()
+        .keep_alive_every(ms(200));
+    let lost = guard.lost_signal();
+    // The replicas miss the lock, as if replication had lagged behind.
+    for replica in 1..3 {
+        let mut conn = raw(&failover, replica).await;
+        let _: () = lockset::redis::cmd("CONFIG")
+            .arg(&["SET", "replica-read-only", "no"])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: i64 = conn.del("gone").await.unwrap();
+    }
+    let old = failover.nodes[0].port();
+    failover.kill_primary();
+    failover.wait_for_promotion(old).await;
+    let promoted = Instant::now();
+    tokio::time::timeout(ms(5_000), lost.lost())
+        .await
+        .expect("the lost signal fires once a refresh finds the key gone");
+    // A refresh every 200 ms finds it: no waiting for the TTL.
+    assert!(promoted.elapsed() < ms(3_000), "{:?}", promoted.elapsed());
+    assert!(guard.release().await.unwrap_err().is_not_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_blocked_before_a_failover_are_woken_by_releases_after_it() {
+    let mut failover = Failover::start(2).await;
+    let holder = Client::connect_sentinel(failover.config(Replication::replicas(1)))
+        .await
+        .unwrap();
+    let lock = holder
+        .obtain("busy", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let client = Client::connect_sentinel(failover.config(Replication::replicas(1)))
+            .await
+            .unwrap();
+        waiters.push(tokio::spawn(async move {
+            let options = Options::default()
+                .retry(Retry::linear(ms(10_000)))
+                .timeout(ms(60_000));
+            let lock = client.obtain("busy", ms(30_000), &options).await.unwrap();
+            let got = Instant::now();
+            lock.release().await.unwrap();
+            got
+        }));
+    }
+    // Both wait (queued, listening) before the failover.
+    support::eventually(ms(10_000), "two queued waiters", async || {
+        let queued: i64 = raw(&failover, 0)
+            .await
+            .zcard("{busy}:lockset:queue")
+            .await
+            .unwrap();
+        queued == 2
+    })
+    .await;
+    let old = failover.nodes[0].port();
+    failover.kill_primary();
+    failover.wait_for_promotion(old).await;
+    // The holder follows the primary and releases there; the waiters hear it, although
+    // they listened on the old primary: no sleeping out a 10 s retry or the TTL.
+    support::eventually(ms(10_000), "the holder's release", async || {
+        lock.ttl().await.is_ok()
+    })
+    .await;
+    let released = Instant::now();
+    lock.release().await.unwrap();
+    for waiter in waiters {
+        let got = tokio::time::timeout(ms(10_000), waiter)
+            .await
+            .expect("a waiter slept through the release")
+            .unwrap();
+        assert!(
+            got.duration_since(released) < ms(3_000),
+            "{:?}",
+            got.duration_since(released)
+        );
+    }
+}
