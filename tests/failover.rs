@@ -10,7 +10,7 @@ use std::time::Duration;
 use lockset::redis::AsyncCommands as _;
 use lockset::{Client, Error, InvalidInput, Options, Replication, Retry, SentinelConfig};
 use support::ms;
-use support::sentinel::{Failover, MASTER};
+use support::sentinel::{FAILOVER_WITHIN, Failover, MASTER};
 use tokio::time::Instant;
 
 /// A raw connection to data node `index` of `failover`.
@@ -415,4 +415,81 @@ async fn waiters_blocked_before_a_failover_are_woken_by_releases_after_it() {
             got.duration_since(released)
         );
     }
+}
+
+/// The first scenario on a Redis Cluster whose shards have a replica each: lock keys of one
+/// shard with replicated writes and without, kill the shard's master, and once its replica
+/// took over, try every key from a second client. Each shard once.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_lock_survives_a_cluster_shard_failover() {
+    use support::cluster::Cluster;
+
+    let mut cluster = Cluster::start_with_replicas();
+    let connect = async |replication| {
+        Client::connect_cluster(cluster.urls())
+            .await
+            .unwrap()
+            .replicated(replication)
+            .await
+            .unwrap()
+    };
+    let replicated = connect(Replication::replicas(1)).await;
+    let plain = connect(Replication::none()).await;
+    let prober = connect(Replication::none()).await;
+    let masters: Vec<usize> = (0..cluster.nodes.len())
+        .filter(|&i| cluster.cli(i, &["ROLE"]).starts_with("master"))
+        .collect();
+    assert_eq!(masters.len(), 3);
+    let (mut lost_replicated, mut lost_plain, mut locks) = (0, 0, 0);
+    for master in masters {
+        // Five keys of each kind in this master's slots.
+        let keys: Vec<String> = (0..)
+            .map(|n| format!("{{t{n}}}"))
+            .filter(|key| cluster.owner_of(lockset::slot_number(key)) == master)
+            .take(10)
+            .collect();
+        let ttl = ms(60_000);
+        let mut held = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let client = if i < 5 { &replicated } else { &plain };
+            held.push(client.obtain(key, ttl, &Options::default()).await.unwrap());
+        }
+        let slot = lockset::slot_number(&keys[0]);
+        cluster.nodes[master].kill();
+        let start = Instant::now();
+        while cluster
+            .find_owner_of(slot)
+            .is_none_or(|owner| owner == master)
+        {
+            assert!(start.elapsed() < FAILOVER_WITHIN, "no replica took over");
+            tokio::time::sleep(ms(50)).await;
+        }
+        // A lock still held makes the prober wait out the deadline: all keys at once.
+        let probe = Options::default()
+            .retry(Retry::linear(ms(50)))
+            .timeout(ms(1_000));
+        let probes = keys.iter().map(|key| prober.obtain(key, ttl, &probe));
+        let outcomes = futures_util::future::join_all(probes).await;
+        for (i, (key, outcome)) in keys.iter().zip(outcomes).enumerate() {
+            match outcome {
+                Ok(second) => {
+                    if i < 5 {
+                        lost_replicated += 1;
+                    } else {
+                        lost_plain += 1;
+                    }
+                    second.release().await.unwrap();
+                }
+                Err(err) => assert!(err.is_not_obtained(), "{key}: {err:?}"),
+            }
+        }
+        locks += 5;
+        drop(held);
+    }
+    println!(
+        "cluster shard failovers: {lost_replicated} of {locks} replicated locks lost, \
+         {lost_plain} of {locks} without replication"
+    );
+    assert_eq!(lost_replicated, 0);
 }

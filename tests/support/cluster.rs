@@ -16,23 +16,55 @@ impl Cluster {
     /// no bound of its own, and once in a long while never sees them agree: after 60 s it
     /// is stopped, and three new nodes are tried, as when it fails.
     pub fn start() -> Self {
+        Self::start_with(0, &[])
+    }
+
+    /// Three masters with a replica each (`nodes[3..]`), quick to fail over: a master that
+    /// does not answer for 1 s is failed, and its replica takes over.
+    pub fn start_with_replicas() -> Self {
+        let cluster = Self::start_with(
+            1,
+            &[
+                "--cluster-node-timeout",
+                "1000",
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
+        );
+        let start = Instant::now();
+        while !(0..6).all(|i| {
+            let info = cluster.cli(i, &["INFO", "replication"]);
+            !info.contains("role:master") || info.contains("state=online")
+        }) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "replicas never synced"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cluster
+    }
+
+    fn start_with(replicas: usize, extra: &[&str]) -> Self {
         for _ in 0..3 {
-            if let Some(cluster) = Self::try_start() {
+            if let Some(cluster) = Self::try_start(replicas, extra) {
                 return cluster;
             }
         }
         panic!("no cluster came up in three tries");
     }
 
-    fn try_start() -> Option<Self> {
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_cluster_node()).collect();
+    fn try_start(replicas: usize, extra: &[&str]) -> Option<Self> {
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
+            .map(|_| RedisServer::start_cluster_node_with(extra))
+            .collect();
         let mut create = Command::new(super::server::cli_binary());
         create.arg("--cluster").arg("create");
         for node in &nodes {
             create.arg(format!("127.0.0.1:{}", node.port()));
         }
         create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let mut child = create.spawn().expect("run redis-cli --cluster create");

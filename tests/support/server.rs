@@ -61,6 +61,11 @@ impl RedisServer {
     /// Starts a Redis Cluster node (cluster mode on, its node file in a private folder), not
     /// yet part of any cluster.
     pub fn start_cluster_node() -> Self {
+        Self::start_cluster_node_with(&[])
+    }
+
+    /// As [`RedisServer::start_cluster_node`], with `extra` arguments.
+    pub fn start_cluster_node_with(extra: &[&str]) -> Self {
         for _ in 0..10 {
             let port = free_port();
             // The cluster bus listens on port + 10000.
@@ -74,7 +79,7 @@ impl RedisServer {
             let _ = std::fs::remove_dir_all(&path);
             let _ = std::fs::create_dir_all(&path);
             let dir = path.to_string_lossy().into_owned();
-            let cluster = [
+            let mut cluster = vec![
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
@@ -82,6 +87,7 @@ impl RedisServer {
                 "--dir",
                 &dir,
             ];
+            cluster.extend(extra);
             // The folder goes with the server, also one that did not start.
             if let Some(server) = Self::try_start_with(port, &cluster, Some(path)) {
                 return server;
