@@ -17,6 +17,10 @@
 //!   permits of one counted key (`permit`), obtain + release. Its baseline (the "raw"
 //!   columns) is lockset's own exclusive cycle, each task on its own key: what a shared or
 //!   counted key costs over a plain one.
+//! - W1R and W2R: W1 and W2 on a second primary, which has one replica, every obtain
+//!   counting only once the replica acknowledged it: lockset with
+//!   `Client::replicated(Replication::replicas(1))`, raw with `SET key value NX PX ttl` and
+//!   `WAIT 1 250` in one request.
 //!
 //! The raw baseline does the minimum by hand, on the same cheap path lockset uses (commands
 //! built once, scripts pre-loaded and sent by EVALSHA): W1 and W2 obtain with
@@ -40,7 +44,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use lockset::redis::aio::{ConnectionLike, MultiplexedConnection};
 use lockset::redis::{self, Cmd, Pipeline, RedisFuture, Script, Value};
-use lockset::{Client, Mode, Options, Retry};
+use lockset::{Client, Mode, Options, Replication, Retry};
 use rand::Rng as _;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -88,6 +92,7 @@ impl Impl {
 /// One workload configuration.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 struct Workload {
+    /// "w1", "w2", ...; "w1r" and "w2r" for W1 and W2 with a replica.
     name: &'static str,
     /// How the tasks share clients (W2): "shared" or "procs"; "-" otherwise.
     clients: &'static str,
@@ -177,10 +182,15 @@ struct Raw {
     release_one: String,
     obtain_many: String,
     release_many: String,
+    /// How many replicas must acknowledge a single-key obtain (`WAIT`), if any.
+    replicas: Option<u32>,
 }
 
+/// How long a replicated obtain waits for its replica, raw and lockset alike.
+const WAIT_MS: u64 = 250;
+
 impl Raw {
-    async fn new(client: &redis::Client) -> Self {
+    async fn new(client: &redis::Client, replicas: Option<u32>) -> Self {
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
@@ -202,6 +212,7 @@ impl Raw {
             release_one,
             obtain_many,
             release_many,
+            replicas,
         }
     }
 
@@ -216,7 +227,19 @@ impl Raw {
                 .arg("NX")
                 .arg("PX")
                 .arg(ttl_ms);
-            let set: Option<String> = cmd.query_async(&mut self.conn.clone()).await.expect("SET");
+            let Some(replicas) = self.replicas else {
+                let set: Option<String> =
+                    cmd.query_async(&mut self.conn.clone()).await.expect("SET");
+                return set.is_some();
+            };
+            // The write and the wait for its replica in one request, on one connection.
+            let mut pipe = redis::pipe();
+            pipe.add_command(cmd).cmd("WAIT").arg(replicas).arg(WAIT_MS);
+            let (set, acked): (Option<String>, u32) = pipe
+                .query_async(&mut self.conn.clone())
+                .await
+                .expect("SET + WAIT");
+            assert!(set.is_none() || acked >= replicas, "not replicated in time");
             return set.is_some();
         }
         cmd.arg("EVALSHA")
@@ -260,14 +283,22 @@ struct Bench {
     lockset_per_task: Vec<Client<Counted>>,
 }
 
-async fn lockset_client(client: &redis::Client) -> Client<Counted> {
+async fn lockset_client(client: &redis::Client, replicas: Option<u32>) -> Client<Counted> {
     let conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    Client::new(Counted(conn))
+    let lockset = Client::new(Counted(conn))
         .with_release_events(client.clone())
-        .expect("release events")
+        .expect("release events");
+    match replicas {
+        Some(replicas) => {
+            let replication =
+                Replication::replicas(replicas).timeout(Duration::from_millis(WAIT_MS));
+            lockset.replicated(replication).await.expect("replicated")
+        }
+        None => lockset,
+    }
 }
 
 fn token() -> String {
@@ -341,7 +372,7 @@ impl Bench {
     async fn run(self: &Arc<Self>, which: Impl, workload: Workload) -> Sample {
         let before = self.commands().await;
         let mut sample = match workload.name {
-            "w2" => self.contended(which, workload).await,
+            "w2" | "w2r" => self.contended(which, workload).await,
             _ => self.uncontended(which, workload).await,
         };
         let after = self.commands().await;
@@ -537,6 +568,20 @@ fn workloads() -> Vec<Workload> {
             ..base
         });
     }
+    // W1 and W2 again, on a primary with a replica that acknowledges every obtain.
+    for concurrency in [1, 16, 64] {
+        workloads.push(Workload {
+            name: "w1r",
+            concurrency,
+            ..base
+        });
+    }
+    workloads.push(Workload {
+        name: "w2r",
+        clients: "procs",
+        concurrency: CONTENDERS,
+        ..base
+    });
     for (clients, concurrency) in [
         ("read", 1),
         ("read", 16),
@@ -555,8 +600,8 @@ fn workloads() -> Vec<Workload> {
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         workloads.retain(|w| {
             let tag = match w.name {
-                "w1" => format!("{}:{}", w.name, w.concurrency),
-                "w2" | "w4" => format!("{}:{}", w.name, w.clients),
+                "w1" | "w1r" => format!("{}:{}", w.name, w.concurrency),
+                "w2" | "w2r" | "w4" => format!("{}:{}", w.name, w.clients),
                 _ => format!("{}:{}", w.name, w.keys),
             };
             only.split(',')
@@ -566,28 +611,57 @@ fn workloads() -> Vec<Workload> {
     workloads
 }
 
+impl Bench {
+    /// Clients of both implementations for the server behind `client`; with `replicas`,
+    /// every single-key obtain waits for that many replicas.
+    async fn new(client: &redis::Client, replicas: Option<u32>) -> Self {
+        let mut raw_per_task = Vec::new();
+        let mut lockset_per_task = Vec::new();
+        for _ in 0..CONTENDERS {
+            raw_per_task.push(Raw::new(client, replicas).await);
+            lockset_per_task.push(lockset_client(client, replicas).await);
+        }
+        Self {
+            inspect: client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect"),
+            raw: Raw::new(client, replicas).await,
+            lockset: lockset_client(client, replicas).await,
+            raw_per_task,
+            lockset_per_task,
+        }
+    }
+}
+
+/// A primary with one replica in sync, for W1R and W2R; the servers stop when dropped.
+async fn replicated_primary() -> (redis::Client, [server::RedisServer; 2]) {
+    let at_once = ["--repl-diskless-sync-delay", "0"];
+    let primary = server::RedisServer::start_with(None, &at_once);
+    let port = primary.port().to_string();
+    let replica = server::RedisServer::start_with(None, &["--replicaof", "127.0.0.1", &port]);
+    while !server::cli(primary.port(), &["INFO", "replication"]).contains("state=online") {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client = redis::Client::open(primary.url()).expect("url");
+    (client, [primary, replica])
+}
+
 #[tokio::main]
 async fn main() {
     let (url, _server) = server::url_or_start();
     let client = redis::Client::open(url.as_str()).expect("url");
-    let mut raw_per_task = Vec::new();
-    let mut lockset_per_task = Vec::new();
-    for _ in 0..CONTENDERS {
-        raw_per_task.push(Raw::new(&client).await);
-        lockset_per_task.push(lockset_client(&client).await);
-    }
-    let bench = Arc::new(Bench {
-        inspect: client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect"),
-        raw: Raw::new(&client).await,
-        lockset: lockset_client(&client).await,
-        raw_per_task,
-        lockset_per_task,
-    });
-
     let workloads = workloads();
+    let bench = Arc::new(Bench::new(&client, None).await);
+    // The replicated workloads run on a primary of their own, with one replica.
+    let mut _replicated_servers = None;
+    let mut replicated = None;
+    if workloads.iter().any(|w| w.name.ends_with('r')) {
+        let (client, servers) = replicated_primary().await;
+        replicated = Some(Arc::new(Bench::new(&client, Some(1)).await));
+        _replicated_servers = Some(servers);
+    }
+
     let mut results: BTreeMap<(Workload, Impl), Sample> = BTreeMap::new();
     // Per workload, the lockset/raw throughput ratio of each pair of back-to-back rounds.
     let mut round_ratios: BTreeMap<Workload, Vec<f64>> = BTreeMap::new();
@@ -606,7 +680,11 @@ async fn main() {
                     rates[which as usize] = 1.0;
                     continue;
                 }
-                let sample = bench.run(which, *workload).await;
+                let on = match &replicated {
+                    Some(replicated) if workload.name.ends_with('r') => replicated,
+                    _ => &bench,
+                };
+                let sample = on.run(which, *workload).await;
                 rates[which as usize] = sample.ops as f64 / sample.seconds;
                 results.entry((*workload, which)).or_default().merge(sample);
             }
@@ -689,7 +767,7 @@ fn report(
         let [(workload, _, raw), (_, _, lockset)] = pair else {
             continue;
         };
-        let contended = workload.name == "w2";
+        let contended = workload.name.starts_with("w2");
         let ratios = round_ratios
             .get_mut(workload)
             .map(std::mem::take)

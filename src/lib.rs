@@ -56,6 +56,10 @@
 //! - **Modes.** Pair a key with a [`Mode`] to hold it shared (a read lock) or as one of N
 //!   permits (a semaphore), mixed with exclusive keys in one atomic obtain:
 //!   `client.obtain_multi([("order", Mode::Exclusive), ("catalog", Mode::Shared)], ttl, &options)`.
+//! - **Failover.** [`Client::connect_sentinel`] follows the primary of a Sentinel
+//!   deployment across failovers ([`SentinelConnection`]), and [`Client::replicated`] makes a
+//!   lock count only once N replicas acknowledged it (`WAIT`), so that a failover to one of
+//!   them keeps it; a Sentinel client waits for one replica by default ([`Replication`]).
 //! - **Redlock.** [`Client::quorum`] makes one lock over N independent masters, with the same
 //!   API.
 //! - **Cluster.** All keys of one lock must live in one hash slot: give them a common hash

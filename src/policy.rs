@@ -505,9 +505,12 @@ fn at_deadline(failure: Error) -> Error {
 }
 
 /// Errors that say nothing about the lock itself: the connection, a timeout, a busy or
-/// failing-over server.
+/// failing-over server. A refused login is not one: trying again until the deadline would
+/// only hide a wrong password.
 pub(crate) fn is_transient(err: &RedisError) -> bool {
-    err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry)
+    let login = err.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"));
+    !login && (err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry))
 }
 
 #[cfg(test)]

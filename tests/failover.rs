@@ -130,12 +130,25 @@ async fn bad_sentinel_settings_are_clear_errors_before_anything_is_written() {
     assert_eq!(before, after, "something was written");
 }
 
+/// How a trial's primary dies.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Death {
+    /// Its process is killed (SIGKILL): what it sent its replicas still arrives.
+    Killed,
+    /// Its host crashes: the process is killed and what is still on the way to the
+    /// replicas, which lag 1 ms behind (another zone), is lost with it.
+    Crashed,
+}
+
 /// One trial of the principal scenario, on a fresh deployment: lock a key with replicated
-/// writes and another without, kill the primary at once, wait for the promotion, and see
-/// whether a second client can take each key. Returns (replicated lock lost, plain lock
+/// writes and another without, let the primary die at once, wait for the promotion, and
+/// see whether a second client can take each key. Returns (replicated lock lost, plain lock
 /// lost).
-async fn kill_the_primary_after_locking() -> (bool, bool) {
-    let mut failover = Failover::start(2).await;
+async fn lock_then_lose_the_primary(death: Death) -> (bool, bool) {
+    let mut failover = match death {
+        Death::Killed => Failover::start(2).await,
+        Death::Crashed => Failover::start_lagging(2, ms(1)).await,
+    };
     let replicated = Client::connect_sentinel(failover.config(Replication::replicas(1)))
         .await
         .unwrap();
@@ -153,6 +166,11 @@ async fn kill_the_primary_after_locking() -> (bool, bool) {
     let p_lock = plain.obtain("p", ttl, &Options::default()).await.unwrap();
     let old = failover.nodes[failover.primary()].port();
     failover.kill_primary();
+    if death == Death::Crashed {
+        for link in &failover.links {
+            link.drop_connections();
+        }
+    }
     failover.wait_for_promotion(old).await;
     // A lock still held makes the prober wait out this deadline; one that was lost is
     // taken at once.
@@ -176,28 +194,39 @@ async fn a_replicated_lock_survives_its_primary_killed_at_once() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(50);
-    // Several deployments at once, so that 50 failovers take half a minute, not four.
+    // Several deployments at once, so that 50 failovers take half a minute, not four. Half
+    // the primaries are killed, half crash.
     let at_once = 10;
-    let mut lost = (0, 0);
+    let mut lost = [(0, 0); 2];
     let mut done = 0;
     while done < trials {
         let round = at_once.min(trials - done);
         let runs: Vec<_> = (0..round)
-            .map(|_| tokio::spawn(kill_the_primary_after_locking()))
+            .map(|i| {
+                let death = [Death::Killed, Death::Crashed][(done + i) % 2];
+                (death, tokio::spawn(lock_then_lose_the_primary(death)))
+            })
             .collect();
-        for run in runs {
+        for (death, run) in runs {
             let (r, p) = run.await.unwrap();
+            let lost = &mut lost[usize::from(death == Death::Crashed)];
             lost.0 += usize::from(r);
             lost.1 += usize::from(p);
         }
         done += round;
     }
+    let (killed, crashed) = (trials.div_ceil(2), trials / 2);
     println!(
-        "primary killed right after obtain ({trials} trials): with 1 of 2 replicas \
-         acknowledging, {} locks lost; without, {} lost",
-        lost.0, lost.1
+        "the primary lost right after obtain, {trials} trials: killed ({killed}): {} \
+         replicated and {} unreplicated locks lost; crashed with replicas 1 ms behind \
+         ({crashed}): {} replicated and {} unreplicated locks lost",
+        lost[0].0, lost[0].1, lost[1].0, lost[1].1
     );
-    assert_eq!(lost.0, 0, "a replicated lock was lost in a failover");
+    assert_eq!(
+        lost[0].0 + lost[1].0,
+        0,
+        "a replicated lock was lost in a failover"
+    );
 }
 
 /// Whether the node `index` of `failover` has `key`.
@@ -492,4 +521,70 @@ async fn a_replicated_lock_survives_a_cluster_shard_failover() {
          {lost_plain} of {locks} without replication"
     );
     assert_eq!(lost_replicated, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_and_data_nodes_with_passwords() {
+    use support::sentinel::{LOCK_PASSWORD, SENTINEL_PASSWORD};
+
+    let mut failover = Failover::start_secured(2).await;
+    let client = Client::connect_sentinel(failover.config(Replication::replicas(1)))
+        .await
+        .unwrap();
+    let waiter = Client::connect_sentinel(failover.config(Replication::replicas(1)))
+        .await
+        .unwrap();
+    let lock = client
+        .obtain("secret", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    // A waiter listens (release events log in too), across a failover.
+    let waiting = tokio::spawn(async move {
+        let options = Options::default()
+            .retry(Retry::linear(ms(10_000)))
+            .timeout(ms(60_000));
+        let lock = waiter.obtain("secret", ms(30_000), &options).await.unwrap();
+        let got = Instant::now();
+        lock.release().await.unwrap();
+        got
+    });
+    let old = failover.nodes[0].port();
+    failover.kill_primary();
+    failover.wait_for_promotion(old).await;
+    support::eventually(ms(10_000), "the holder follows the primary", async || {
+        lock.ttl().await.is_ok()
+    })
+    .await;
+    let released = Instant::now();
+    lock.release().await.unwrap();
+    let got = tokio::time::timeout(ms(10_000), waiting)
+        .await
+        .expect("the waiter slept through the release")
+        .unwrap();
+    assert!(got.duration_since(released) < ms(3_000));
+
+    // Wrong passwords are clear errors, at once: no retrying until a deadline.
+    let started = Instant::now();
+    let wrong = failover
+        .config(Replication::none())
+        .password(format!("{LOCK_PASSWORD}-not"));
+    let err = Client::connect_sentinel(wrong).await.unwrap_err();
+    assert!(!err.is_unavailable(), "{err:?}");
+    assert!(
+        err.to_string().contains("WRONGPASS") || err.to_string().contains("auth"),
+        "{err}"
+    );
+    let urls: Vec<String> = failover
+        .sentinel_urls()
+        .iter()
+        .map(|url| url.replace(SENTINEL_PASSWORD, "nope"))
+        .collect();
+    let err = Client::connect_sentinel(SentinelConfig::new(urls, MASTER).unwrap())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("WRONGPASS") || err.to_string().contains("auth"),
+        "{err}"
+    );
+    assert!(started.elapsed() < ms(3_000), "{:?}", started.elapsed());
 }

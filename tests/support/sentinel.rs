@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::RedisServer;
 use super::proxy::Proxy;
-use super::server::cli;
+use super::server::cli_as;
 
 /// The name the sentinels know the primary by.
 pub const MASTER: &str = "locks";
@@ -21,7 +21,17 @@ pub struct Failover {
     pub sentinels: Vec<RedisServer>,
     /// The proxies the first replicas replicate through, when they lag.
     pub links: Vec<Proxy>,
+    /// Passwords are required (see [`Failover::start_secured`]).
+    secured: bool,
 }
+
+/// With [`Failover::start_secured`]: the data nodes' ACL user for lock clients, its
+/// password, and the sentinels' password.
+pub const LOCK_USER: &str = "locker";
+pub const LOCK_PASSWORD: &str = "lock-secret";
+pub const SENTINEL_PASSWORD: &str = "sentinel-secret";
+/// The data nodes' default user's password (replication and the sentinels use it).
+const ADMIN_PASSWORD: &str = "admin-secret";
 
 /// How long a failover may take on a loaded machine before a test gives up.
 pub const FAILOVER_WITHIN: Duration = Duration::from_secs(30);
@@ -37,7 +47,20 @@ impl Failover {
     /// every chunk by `lag` (as a replica in another zone would), until a failover points
     /// them elsewhere.
     pub async fn start_lagging(replicas: usize, lag: Duration) -> Self {
-        let primary = RedisServer::start_with(None, &SYNC_AT_ONCE);
+        Self::launch(replicas, lag, false).await
+    }
+
+    /// As [`Failover::start`], with passwords everywhere: lock clients log in to the data
+    /// nodes as [`LOCK_USER`] with [`LOCK_PASSWORD`], and to the sentinels with
+    /// [`SENTINEL_PASSWORD`].
+    pub async fn start_secured(replicas: usize) -> Self {
+        Self::launch(replicas, Duration::ZERO, true).await
+    }
+
+    async fn launch(replicas: usize, lag: Duration, secured: bool) -> Self {
+        let args = data_node_args(secured);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let primary = RedisServer::start_with(None, &args);
         let mut nodes = vec![primary];
         let mut links = Vec::new();
         for _ in 0..replicas {
@@ -48,9 +71,9 @@ impl Failover {
                 upstream = link.port();
                 links.push(link);
             }
-            nodes.push(start_replica(None, upstream));
+            nodes.push(start_replica(None, upstream, secured));
         }
-        let config = sentinel_config(nodes[0].port());
+        let config = sentinel_config(nodes[0].port(), secured);
         let sentinels = (0..3)
             .map(|_| RedisServer::start_sentinel(&config))
             .collect();
@@ -58,26 +81,41 @@ impl Failover {
             nodes,
             sentinels,
             links,
+            secured,
         };
         failover.wait_healthy().await;
         failover
     }
 
-    /// The sentinels' URLs.
+    /// The sentinels' URLs (with their password, when secured).
     pub fn sentinel_urls(&self) -> Vec<String> {
-        self.sentinels.iter().map(RedisServer::url).collect()
+        self.sentinels
+            .iter()
+            .map(|sentinel| match self.secured {
+                true => format!(
+                    "redis://:{SENTINEL_PASSWORD}@127.0.0.1:{}/",
+                    sentinel.port()
+                ),
+                false => sentinel.url(),
+            })
+            .collect()
     }
 
-    /// A client configuration for this deployment, with `replication`.
+    /// A client configuration for this deployment, with `replication` (and the lock user's
+    /// login, when secured).
     pub fn config(&self, replication: Replication) -> SentinelConfig {
-        SentinelConfig::new(self.sentinel_urls(), MASTER)
+        let config = SentinelConfig::new(self.sentinel_urls(), MASTER)
             .expect("sentinel config")
-            .replication(replication)
+            .replication(replication);
+        match self.secured {
+            true => config.username(LOCK_USER).password(LOCK_PASSWORD),
+            false => config,
+        }
     }
 
     /// The port of the node the first sentinel names as primary.
     pub fn named_primary(&self) -> u16 {
-        let reply = cli(
+        let reply = self.ask_sentinel(
             self.sentinels[0].port(),
             &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
         );
@@ -92,7 +130,7 @@ impl Failover {
     pub fn primary(&self) -> usize {
         self.nodes
             .iter()
-            .position(|node| role(node.port()) == "master")
+            .position(|node| self.role(node.port()) == "master")
             .expect("no primary")
     }
 
@@ -112,7 +150,7 @@ impl Failover {
                 .sentinels
                 .iter()
                 .map(|sentinel| {
-                    let reply = cli(
+                    let reply = self.ask_sentinel(
                         sentinel.port(),
                         &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
                     );
@@ -126,7 +164,7 @@ impl Failover {
             if let Some(&port) = named.first()
                 && port != old_port
                 && named.iter().all(|&p| p == port)
-                && role(port) == "master"
+                && self.role(port) == "master"
                 && let Some(index) = self.nodes.iter().position(|n| n.port() == port)
             {
                 return index;
@@ -144,7 +182,7 @@ impl Failover {
     pub async fn restore(&mut self, index: usize) {
         let primary = self.nodes[self.primary()].port();
         let port = self.nodes[index].port();
-        self.nodes[index] = start_replica(Some(port), primary);
+        self.nodes[index] = start_replica(Some(port), primary, self.secured);
         self.wait_healthy().await;
     }
 
@@ -166,14 +204,19 @@ impl Failover {
     }
 
     fn is_healthy(&self, replicas: usize) -> bool {
-        let Some(primary) = self.nodes.iter().find(|node| role(node.port()) == "master") else {
+        let Some(primary) = self
+            .nodes
+            .iter()
+            .find(|node| self.role(node.port()) == "master")
+        else {
             return false;
         };
-        let info = cli(primary.port(), &["INFO", "replication"]);
+        let info = self.ask_node(primary.port(), &["INFO", "replication"]);
         let online = info.matches("state=online").count();
         online == replicas
             && self.sentinels.iter().all(|sentinel| {
-                let master = fields(&cli(sentinel.port(), &["SENTINEL", "MASTER", MASTER]));
+                let master =
+                    fields(&self.ask_sentinel(sentinel.port(), &["SENTINEL", "MASTER", MASTER]));
                 let get = |name: &str| master.get(name).map_or("", String::as_str).to_owned();
                 get("port") == primary.port().to_string()
                     && get("flags") == "master"
@@ -185,7 +228,7 @@ impl Failover {
 
     /// Whether the sentinel at `port` sees `replicas` replicas, none of them down.
     fn replicas_known_up(&self, port: u16, replicas: usize) -> bool {
-        let listed = cli(port, &["SENTINEL", "REPLICAS", MASTER]);
+        let listed = self.ask_sentinel(port, &["SENTINEL", "REPLICAS", MASTER]);
         let flags: Vec<&str> = listed
             .lines()
             .collect::<Vec<_>>()
@@ -198,30 +241,76 @@ impl Failover {
 }
 
 /// A sentinel's configuration: quick to notice a dead primary (1 s) and to try again.
-fn sentinel_config(primary: u16) -> String {
-    format!(
+fn sentinel_config(primary: u16, secured: bool) -> String {
+    let mut config = format!(
         "sentinel monitor {MASTER} 127.0.0.1 {primary} 2\n\
          sentinel down-after-milliseconds {MASTER} 1000\n\
          sentinel failover-timeout {MASTER} 3000\n\
          sentinel parallel-syncs {MASTER} 2\n"
-    )
+    );
+    if secured {
+        config += &format!(
+            "sentinel auth-pass {MASTER} {ADMIN_PASSWORD}\nrequirepass {SENTINEL_PASSWORD}\n"
+        );
+    }
+    config
 }
 
-/// Every data node may become the primary: none waits for more replicas before it sends
-/// one its data (Redis 7 waits 5 s by default).
-const SYNC_AT_ONCE: [&str; 2] = ["--repl-diskless-sync-delay", "0"];
+/// The arguments of every data node: none waits for more replicas before it sends one its
+/// data (Redis 7 waits 5 s by default), since any may become the primary; when secured,
+/// passwords, and an ACL user for lock clients.
+fn data_node_args(secured: bool) -> Vec<String> {
+    let mut args: Vec<String> = ["--repl-diskless-sync-delay", "0"].map(String::from).into();
+    if secured {
+        let password = format!(">{LOCK_PASSWORD}");
+        for arg in [
+            "--requirepass",
+            ADMIN_PASSWORD,
+            "--masterauth",
+            ADMIN_PASSWORD,
+            "--user",
+            LOCK_USER,
+            "on",
+            &password,
+            "~*",
+            "&*",
+            "+@all",
+        ] {
+            args.push(arg.to_owned());
+        }
+    }
+    args
+}
 
 /// A replica of the server at `primary` port, on `port` or a free one.
-fn start_replica(port: Option<u16>, primary: u16) -> RedisServer {
-    let primary = primary.to_string();
-    let mut args = vec!["--replicaof", "127.0.0.1", &primary];
-    args.extend(SYNC_AT_ONCE);
+fn start_replica(port: Option<u16>, primary: u16, secured: bool) -> RedisServer {
+    let mut args = vec![
+        "--replicaof".to_owned(),
+        "127.0.0.1".to_owned(),
+        primary.to_string(),
+    ];
+    args.extend(data_node_args(secured));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     RedisServer::start_with(port, &args)
 }
 
-/// A node's role by its own `ROLE` ("master", "slave"); empty when it does not answer.
-pub fn role(port: u16) -> String {
-    cli(port, &["ROLE"]).lines().next().unwrap_or("").to_owned()
+impl Failover {
+    /// Runs a command on the data node at `port` (redis-cli's output).
+    pub fn ask_node(&self, port: u16, args: &[&str]) -> String {
+        cli_as(port, self.secured.then_some(ADMIN_PASSWORD), args)
+    }
+
+    /// Runs a command on the sentinel at `port` (redis-cli's output).
+    pub fn ask_sentinel(&self, port: u16, args: &[&str]) -> String {
+        cli_as(port, self.secured.then_some(SENTINEL_PASSWORD), args)
+    }
+
+    /// A data node's role by its own `ROLE` ("master", "slave"); empty when it does not
+    /// answer.
+    pub fn role(&self, port: u16) -> String {
+        let role = self.ask_node(port, &["ROLE"]);
+        role.lines().next().unwrap_or("").to_owned()
+    }
 }
 
 /// redis-cli's output of a flat list of names and values, as a map.

@@ -262,11 +262,17 @@ pub fn server_binary() -> std::path::PathBuf {
 
 /// Runs a command on the server at `port` with redis-cli and returns its raw output.
 pub fn cli(port: u16, args: &[&str]) -> String {
-    let output = Command::new(cli_binary())
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .output()
-        .expect("run redis-cli");
+    cli_as(port, None, args)
+}
+
+/// As [`cli`], logged in with `password` (the default user's) when given.
+pub fn cli_as(port: u16, password: Option<&str>, args: &[&str]) -> String {
+    let mut cli = Command::new(cli_binary());
+    cli.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(password) = password {
+        cli.args(["--no-auth-warning", "-a", password]);
+    }
+    let output = cli.args(args).output().expect("run redis-cli");
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
@@ -298,7 +304,8 @@ fn ping(port: u16) -> bool {
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
     let mut reply = [0u8; 7];
+    // A server that wants a password answers too: it is up.
     stream.write_all(b"PING\r\n").is_ok()
         && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG\r\n"
+        && (&reply == b"+PONG\r\n" || &reply == b"-NOAUTH")
 }
