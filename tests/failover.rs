@@ -588,3 +588,59 @@ async fn sentinels_and_data_nodes_with_passwords() {
     );
     assert!(started.elapsed() < ms(3_000), "{:?}", started.elapsed());
 }
+
+/// Fencing tokens keep growing across a failover to a replica whose counter is behind (it
+/// missed the last tokens) and whose clock is behind the old primary's (played here by an
+/// old primary whose counter, as its clock would, ran an hour ahead): the Sentinel
+/// configuration epoch, which every failover raises, leads the new primary's tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_keep_growing_across_a_failover_to_a_replica_behind() {
+    let mut failover = Failover::start_with_a_successor().await;
+    let client = Client::connect_sentinel(failover.config(Replication::replicas(1)))
+        .await
+        .unwrap();
+    let fenced = Options::default().fencing();
+    let first = client.obtain("fenced", ms(10_000), &fenced).await.unwrap();
+    let low = first.fencing_token().unwrap();
+    first.release().await.unwrap();
+    // The successor misses what follows (its link holds it back, then drops it).
+    failover.links[0].stall(true);
+    let mut primary = raw(&failover, 0).await;
+    let ahead = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros(),
+    )
+    .unwrap()
+        + 3_600_000_000;
+    let _: () = primary.set("{fenced}:fence", ahead).await.unwrap();
+    let last = client.obtain("fenced", ms(10_000), &fenced).await.unwrap();
+    let high = last.fencing_token().unwrap();
+    assert!(high > ahead && low < high);
+    last.release().await.unwrap();
+    let old = failover.nodes[0].port();
+    failover.kill_primary();
+    failover.links[0].drop_connections();
+    let promoted = failover.wait_for_promotion(old).await;
+    assert_eq!(
+        promoted, 2,
+        "the replica that missed the last tokens took over"
+    );
+    let behind: u64 = raw(&failover, 2).await.get("{fenced}:fence").await.unwrap();
+    assert!(behind < high, "the new primary's counter is behind");
+    let next = tokio::time::timeout(
+        ms(10_000),
+        client.obtain(
+            "fenced",
+            ms(10_000),
+            &fenced.clone().retry(Retry::linear(ms(50))),
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let token = next.fencing_token().unwrap();
+    assert!(token > high, "{token} after {high}: tokens went back");
+    next.release().await.unwrap();
+}

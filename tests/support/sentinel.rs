@@ -57,21 +57,50 @@ impl Failover {
         Self::launch(replicas, Duration::ZERO, true).await
     }
 
+    /// A primary and two replicas: the first never promoted (`replica-priority 0`), the
+    /// second replicating through a proxy (`links[0]`), so a test can make it miss writes
+    /// and then be the one promoted.
+    pub async fn start_with_a_successor() -> Self {
+        let replicas = [
+            Replica {
+                link: None,
+                never_promoted: true,
+            },
+            Replica {
+                link: Some(Duration::ZERO),
+                never_promoted: false,
+            },
+        ];
+        Self::launch_with(&replicas, false).await
+    }
+
     async fn launch(replicas: usize, lag: Duration, secured: bool) -> Self {
+        let replica = Replica {
+            link: (!lag.is_zero()).then_some(lag),
+            never_promoted: false,
+        };
+        Self::launch_with(&vec![replica; replicas], secured).await
+    }
+
+    async fn launch_with(replicas: &[Replica], secured: bool) -> Self {
         let args = data_node_args(secured);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let primary = RedisServer::start_with(None, &args);
         let mut nodes = vec![primary];
         let mut links = Vec::new();
-        for _ in 0..replicas {
+        for replica in replicas {
             let mut upstream = nodes[0].port();
-            if !lag.is_zero() {
+            if let Some(lag) = replica.link {
                 let link = Proxy::start(upstream).await;
                 link.set_latency(lag);
                 upstream = link.port();
                 links.push(link);
             }
-            nodes.push(start_replica(None, upstream, secured));
+            let mut node = start_replica(None, upstream, secured);
+            if replica.never_promoted {
+                node = never_promote(node, secured);
+            }
+            nodes.push(node);
         }
         let config = sentinel_config(nodes[0].port(), secured);
         let sentinels = (0..3)
@@ -280,6 +309,26 @@ fn data_node_args(secured: bool) -> Vec<String> {
         }
     }
     args
+}
+
+/// How one replica of a deployment is set up.
+#[derive(Clone, Copy)]
+struct Replica {
+    /// Replicates through a proxy that delays each chunk by this much.
+    link: Option<Duration>,
+    /// `replica-priority 0`: the sentinels never promote it.
+    never_promoted: bool,
+}
+
+/// `replica` with `replica-priority 0`, set before any sentinel looks at it.
+fn never_promote(replica: RedisServer, secured: bool) -> RedisServer {
+    let password = secured.then_some(ADMIN_PASSWORD);
+    super::server::cli_as(
+        replica.port(),
+        password,
+        &["CONFIG", "SET", "replica-priority", "0"],
+    );
+    replica
 }
 
 /// A replica of the server at `primary` port, on `port` or a free one.
