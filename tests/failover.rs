@@ -644,3 +644,61 @@ async fn fencing_tokens_keep_growing_across_a_failover_to_a_replica_behind() {
     assert!(token > high, "{token} after {high}: tokens went back");
     next.release().await.unwrap();
 }
+
+/// Redlock over masters that each have a replica: `replicated` on the quorum makes every
+/// master's share wait for its replica, and a master whose replica is paused counts as a
+/// master that failed; the majority still decides, without waiting for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_of_replicated_masters() {
+    use lockset::QuorumConfig;
+    use support::RedisServer;
+
+    let masters: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with(None, &["--repl-diskless-sync-delay", "0"]))
+        .collect();
+    let replicas: Vec<RedisServer> = masters
+        .iter()
+        .map(|m| RedisServer::start_with(None, &["--replicaof", "127.0.0.1", &m.port().to_string()]))
+        .collect();
+    for master in &masters {
+        support::eventually(ms(10_000), "replica in sync", async || {
+            support::server::cli(master.port(), &["INFO", "replication"]).contains("state=online")
+        })
+        .await;
+    }
+    let mut nodes = Vec::new();
+    for master in &masters {
+        nodes.push(Client::connect(&master.url()).await.unwrap());
+    }
+    let redlock = Client::quorum(nodes, QuorumConfig::default())
+        .unwrap()
+        .replicated(Replication::replicas(1))
+        .await
+        .unwrap();
+    let lock = redlock
+        .obtain("q", ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    lock.release().await.unwrap();
+    redlock.background_idle().await;
+
+    replicas[0].pause();
+    let started = Instant::now();
+    let lock = redlock
+        .obtain("q", ms(10_000), &Options::default())
+        .await
+        .expect("two of three masters replicated it");
+    // The paused replica's master holds up nothing: the other two decide.
+    assert!(started.elapsed() < ms(200), "{:?}", started.elapsed());
+    for (i, replica) in replicas.iter().enumerate().skip(1) {
+        let value = support::server::cli(replica.port(), &["GET", "q"]);
+        assert!(!value.trim().is_empty(), "replica {i} misses the lock");
+    }
+    lock.release().await.unwrap();
+    replicas[0].resume();
+    tokio::time::timeout(ms(5_000), redlock.background_idle())
+        .await
+        .unwrap();
+    // Master 0's share was removed again once its replica did not acknowledge it.
+    assert!(support::server::cli(masters[0].port(), &["EXISTS", "q"]).starts_with('0'));
+}
