@@ -877,3 +877,195 @@ fn a_quorum_command_leaves_its_work_done_on_a_slow_master_before_it_exits() {
     let held: Vec<bool> = servers.iter().map(|s| exists(&s.url(), "job")).collect();
     assert_eq!(held, [false; 3], "release removed it from every master");
 }
+
+/// A process's state letter from `/proc/PID/stat`: `T` when stopped.
+fn state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .unwrap_or('?')
+}
+
+/// Lines in a scratch file (0 when missing).
+fn lines(scratch: &Scratch, name: &str) -> usize {
+    scratch.read(name).map_or(0, |text| text.lines().count())
+}
+
+/// A command that appends a line to `tick` every 50 ms, `count` times (for ever with 0),
+/// after writing its pid to `pid`.
+fn ticking(scratch: &Scratch, count: u32) -> String {
+    let more = match count {
+        0 => "true".to_owned(),
+        n => format!("[ $i -lt {n} ]"),
+    };
+    format!(
+        "echo $$ > {pid}; i=0; while {more}; do echo $i >> {tick}; i=$((i + 1)); sleep 0.05; done",
+        pid = scratch.path("pid"),
+        tick = scratch.path("tick"),
+    )
+}
+
+/// The pid the command of [`ticking`] wrote.
+fn ticking_pid(scratch: &Scratch) -> u32 {
+    eventually("the command wrote its pid", || {
+        scratch.read("pid").is_some_and(|pid| pid.ends_with('\n'))
+    });
+    let pid = scratch.read("pid").expect("pid");
+    pid.trim().parse().expect("a pid")
+}
+
+#[test]
+fn ctrl_z_stops_the_command_with_lockset_and_a_lock_lost_meanwhile_never_lets_it_run_again() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let scratch = Scratch::new("ctrl-z-lost");
+    let run = lockset(&urls)
+        .args(["run", "--ttl", "2s", "--kill-after", "30s", "job", "--", "sh", "-c"])
+        .arg(ticking(&scratch, 0))
+        .spawn()
+        .expect("start lockset");
+    let command = ticking_pid(&scratch);
+    eventually("the command ticks", || lines(&scratch, "tick") >= 3);
+
+    // Ctrl-Z sends SIGTSTP to the terminal's foreground group: lockset's.
+    signal(run.id(), "TSTP");
+    eventually("lockset is stopped", || state(run.id()) == 'T');
+    assert_eq!(state(command), 'T', "the command was stopped before lockset");
+    let ticks = lines(&scratch, "tick");
+
+    // Nothing refreshes the lock now: it expires, and someone else may take it.
+    eventually("the lock expired", || !exists(&urls[0], "job"));
+    let other = finish(lockset(&urls).args(["run", "job", "--", "true"]));
+    assert_eq!(other.code, Some(0), "another run holds it meanwhile: {other:?}");
+    assert_eq!(lines(&scratch, "tick"), ticks, "the command ran while stopped");
+
+    // `fg`: lockset finds the lock lost before letting the command go on.
+    let continued = Instant::now();
+    signal(run.id(), "CONT");
+    let out = wait(run, continued);
+    assert_eq!(out.code, Some(70), "{out:?}");
+    for part in ["lock lost while lockset and the command were stopped", "\"job\""] {
+        assert!(out.stderr.contains(part), "{part} in {out:?}");
+    }
+    // SIGTERM ended it (a stopped shell dies of it as it is continued), not SIGKILL.
+    assert!(out.took < Duration::from_secs(20), "{out:?}");
+    assert!(!out.stderr.contains("SIGKILL"), "{out:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        lines(&scratch, "tick"),
+        ticks,
+        "the command ran after the lock's validity ran out"
+    );
+}
+
+#[test]
+fn ctrl_z_then_fg_within_the_ttl_refreshes_and_continues_the_command() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let scratch = Scratch::new("ctrl-z-valid");
+    let start = Instant::now();
+    let run = lockset(&urls)
+        .args(["run", "--ttl", "6s", "job", "--", "sh", "-c"])
+        .arg(ticking(&scratch, 30))
+        .spawn()
+        .expect("start lockset");
+    let command = ticking_pid(&scratch);
+    eventually("the command ticks", || lines(&scratch, "tick") >= 3);
+
+    signal(run.id(), "TSTP");
+    eventually("lockset is stopped", || state(run.id()) == 'T');
+    assert_eq!(state(command), 'T', "the command was stopped before lockset");
+    let ticks = lines(&scratch, "tick");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lines(&scratch, "tick"), ticks, "the command ran while stopped");
+    let left = || -> i64 {
+        redis::cmd("PTTL")
+            .arg("job")
+            .query(&mut raw(&urls[0]))
+            .expect("PTTL")
+    };
+    let before = left();
+    assert!(before > 0, "still held: {before}");
+
+    signal(run.id(), "CONT");
+    eventually("the command goes on", || lines(&scratch, "tick") > ticks);
+    assert!(left() > before, "refreshed on the way back");
+    let out = wait(run, start);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(lines(&scratch, "tick"), 30, "{out:?}");
+    assert!(!exists(&urls[0], "job"), "released");
+}
+
+#[test]
+fn a_command_that_stops_itself_is_noticed_and_a_forwarded_signal_still_ends_it() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let scratch = Scratch::new("self-stop");
+    for (name, code) in [("TERM", 143), ("INT", 130), ("HUP", 129)] {
+        let stderr = std::fs::File::create(scratch.path("stderr")).expect("stderr file");
+        let start = Instant::now();
+        // A command that reads the terminal from the background is stopped the same way
+        // (SIGTTIN), without a word.
+        let run = lockset(&urls)
+            .args(["run", "job", "--", "sh", "-c", "kill -STOP $$; echo ran on"])
+            .stderr(stderr)
+            .spawn()
+            .expect("start lockset");
+        eventually("lockset says the command is stopped", || {
+            scratch
+                .read("stderr")
+                .is_some_and(|said| said.contains("the command is stopped by SIGSTOP"))
+        });
+        assert!(exists(&urls[0], "job"), "held while the command is stopped");
+        let signalled = Instant::now();
+        signal(run.id(), name);
+        let out = wait(run, start);
+        assert_eq!(out.code, Some(code), "{name}: {out:?}");
+        assert_eq!(out.stdout, "", "{name}: it died of the signal: {out:?}");
+        assert!(
+            signalled.elapsed() < Duration::from_secs(10),
+            "{name}: ended at once"
+        );
+        assert!(!exists(&urls[0], "job"), "{name}: released");
+    }
+}
+
+#[test]
+fn signals_ignored_when_lockset_starts_stay_ignored_for_it_and_the_command() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    // nohup: SIGHUP ignored. The command outlives a hang-up, and finishes its work.
+    let start = Instant::now();
+    let run = Command::new("nohup")
+        .arg(env!("CARGO_BIN_EXE_lockset"))
+        .args(["--redis", &urls[0], "run", "job", "--", "sh", "-c"])
+        .arg("sleep 1.5; echo done")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start nohup lockset");
+    eventually("the lock is held", || exists(&urls[0], "job"));
+    signal(run.id(), "HUP");
+    let out = wait(run, start);
+    assert_eq!((out.code, out.stdout.as_str()), (Some(0), "done\n"), "{out:?}");
+
+    // A background job of a script: SIGINT ignored, for lockset and for the command (a
+    // shell cannot catch a signal ignored when it started, and does not die of it).
+    let start = Instant::now();
+    let run = Command::new("sh")
+        .args(["-c", "trap '' INT; exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_lockset"))
+        .args(["--redis", &urls[0], "run", "job", "--", "sh", "-c"])
+        .arg("sleep 1.5; kill -INT $$; echo alive")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start lockset with SIGINT ignored");
+    eventually("the lock is held", || exists(&urls[0], "job"));
+    signal(run.id(), "INT");
+    let out = wait(run, start);
+    assert_eq!((out.code, out.stdout.as_str()), (Some(0), "alive\n"), "{out:?}");
+    assert!(!exists(&urls[0], "job"), "released");
+}

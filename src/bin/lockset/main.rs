@@ -134,8 +134,9 @@ where
     }
 }
 
-/// Catches SIGINT, SIGTERM and SIGHUP from here on (before, they end `lockset` as usual:
-/// it holds nothing yet).
+/// Catches SIGINT, SIGTERM, SIGHUP and the job-control signals from here on, those not
+/// ignored when `lockset` started (before, they end or stop `lockset` as usual: it holds
+/// nothing yet).
 fn listen() -> Result<Signals, Failure> {
     Signals::listen()
         .map_err(|err| Failure::new(exit::SYSTEM, format!("cannot catch signals: {err}")))
