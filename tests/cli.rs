@@ -920,7 +920,17 @@ fn ctrl_z_stops_the_command_with_lockset_and_a_lock_lost_meanwhile_never_lets_it
     let urls = [server.url()];
     let scratch = Scratch::new("ctrl-z-lost");
     let run = lockset(&urls)
-        .args(["run", "--ttl", "2s", "--kill-after", "30s", "job", "--", "sh", "-c"])
+        .args([
+            "run",
+            "--ttl",
+            "2s",
+            "--kill-after",
+            "30s",
+            "job",
+            "--",
+            "sh",
+            "-c",
+        ])
         .arg(ticking(&scratch, 0))
         .spawn()
         .expect("start lockset");
@@ -930,21 +940,36 @@ fn ctrl_z_stops_the_command_with_lockset_and_a_lock_lost_meanwhile_never_lets_it
     // Ctrl-Z sends SIGTSTP to the terminal's foreground group: lockset's.
     signal(run.id(), "TSTP");
     eventually("lockset is stopped", || state(run.id()) == 'T');
-    assert_eq!(state(command), 'T', "the command was stopped before lockset");
+    assert_eq!(
+        state(command),
+        'T',
+        "the command was stopped before lockset"
+    );
     let ticks = lines(&scratch, "tick");
 
     // Nothing refreshes the lock now: it expires, and someone else may take it.
     eventually("the lock expired", || !exists(&urls[0], "job"));
     let other = finish(lockset(&urls).args(["run", "job", "--", "true"]));
-    assert_eq!(other.code, Some(0), "another run holds it meanwhile: {other:?}");
-    assert_eq!(lines(&scratch, "tick"), ticks, "the command ran while stopped");
+    assert_eq!(
+        other.code,
+        Some(0),
+        "another run holds it meanwhile: {other:?}"
+    );
+    assert_eq!(
+        lines(&scratch, "tick"),
+        ticks,
+        "the command ran while stopped"
+    );
 
     // `fg`: lockset finds the lock lost before letting the command go on.
     let continued = Instant::now();
     signal(run.id(), "CONT");
     let out = wait(run, continued);
     assert_eq!(out.code, Some(70), "{out:?}");
-    for part in ["lock lost while lockset and the command were stopped", "\"job\""] {
+    for part in [
+        "lock lost while lockset and the command were stopped",
+        "\"job\"",
+    ] {
         assert!(out.stderr.contains(part), "{part} in {out:?}");
     }
     // SIGTERM ended it (a stopped shell dies of it as it is continued), not SIGKILL.
@@ -974,10 +999,18 @@ fn ctrl_z_then_fg_within_the_ttl_refreshes_and_continues_the_command() {
 
     signal(run.id(), "TSTP");
     eventually("lockset is stopped", || state(run.id()) == 'T');
-    assert_eq!(state(command), 'T', "the command was stopped before lockset");
+    assert_eq!(
+        state(command),
+        'T',
+        "the command was stopped before lockset"
+    );
     let ticks = lines(&scratch, "tick");
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(lines(&scratch, "tick"), ticks, "the command ran while stopped");
+    assert_eq!(
+        lines(&scratch, "tick"),
+        ticks,
+        "the command ran while stopped"
+    );
     let left = || -> i64 {
         redis::cmd("PTTL")
             .arg("job")
@@ -1048,7 +1081,11 @@ fn signals_ignored_when_lockset_starts_stay_ignored_for_it_and_the_command() {
     eventually("the lock is held", || exists(&urls[0], "job"));
     signal(run.id(), "HUP");
     let out = wait(run, start);
-    assert_eq!((out.code, out.stdout.as_str()), (Some(0), "done\n"), "{out:?}");
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "done\n"),
+        "{out:?}"
+    );
 
     // A background job of a script: SIGINT ignored, for lockset and for the command (a
     // shell cannot catch a signal ignored when it started, and does not die of it).
@@ -1066,6 +1103,40 @@ fn signals_ignored_when_lockset_starts_stay_ignored_for_it_and_the_command() {
     eventually("the lock is held", || exists(&urls[0], "job"));
     signal(run.id(), "INT");
     let out = wait(run, start);
-    assert_eq!((out.code, out.stdout.as_str()), (Some(0), "alive\n"), "{out:?}");
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "alive\n"),
+        "{out:?}"
+    );
+    assert!(!exists(&urls[0], "job"), "released");
+}
+
+#[test]
+fn a_background_run_under_stty_tostop_still_says_what_it_must_and_ends_on_a_signal() {
+    // In the background of a terminal with `stty tostop`, a write to the terminal raises
+    // SIGTTOU. lockset's own message about the stopped command must neither stop it alone
+    // nor make it spin in the write, deaf to signals, while nothing refreshes the lock.
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let shown = format!(
+        "sh -c 'set -m; stty tostop; {lockset} --redis {url} run job -- sh -c \"kill -STOP \\$\\$\" & \
+         sleep 1.5; kill -TERM $!; wait $!; echo exit $?'",
+        lockset = env!("CARGO_BIN_EXE_lockset"),
+        url = urls[0],
+    );
+    let out = finish(
+        Command::new("script")
+            .args(["-qfec", &shown, "/dev/null"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("the command is stopped by SIGSTOP"),
+        "{out:?}"
+    );
+    assert!(out.stdout.contains("exit 143"), "{out:?}");
+    assert!(out.took < Duration::from_secs(20), "{out:?}");
     assert!(!exists(&urls[0], "job"), "released");
 }

@@ -37,6 +37,7 @@ use crate::validate::Use;
 const SETTLE: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
+    signals::shield_writes();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return ExitCode::from(usage(&err)),

@@ -6,12 +6,15 @@
 //! shell ignores for a background job) is never caught, so it stays ignored for `lockset`
 //! and for the command, which inherits the ignored disposition. tokio installs a handler for
 //! good once a signal is listened to, so this is decided before the first one is.
+//!
+//! Invariant: no thread that writes to the terminal lets SIGTTOU through (see
+//! [`shield_writes`]), so `lockset`'s own messages never make the terminal raise it.
 
 use std::future::poll_fn;
 use std::io;
 use std::task::{Context, Poll, Waker};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{SigSet, Signal, kill};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -124,6 +127,35 @@ impl Signals {
             stream.recv().await;
         }
         Ok(())
+    }
+}
+
+/// Keeps `lockset`'s own writes to its terminal from raising SIGTTOU, while SIGTTOU sent to
+/// `lockset` still stops it with the command. Call first thing, before any other thread is
+/// started: threads inherit the calling thread's signal mask.
+///
+/// Under `stty tostop`, a background process writing to its terminal makes the terminal send
+/// SIGTTOU, and its write restarts once the signal was handled. Caught by tokio, the signal
+/// is only handled on the runtime's thread: the very thread stuck in that write, which would
+/// raise it again for ever, and nothing would refresh the lock. A write from a thread that
+/// blocks SIGTTOU goes through instead (as if it were ignored). So every thread of `lockset`
+/// blocks it but one, started here, which writes nothing and takes the SIGTTOU that others
+/// send. The command does not inherit the blocked signal: a child starts with an empty mask.
+pub(crate) fn shield_writes() {
+    let receiver = std::thread::Builder::new()
+        .name("sigttou".to_owned())
+        .spawn(|| {
+            loop {
+                std::thread::park();
+            }
+        });
+    // Without the receiver, a blocked SIGTTOU sent to lockset would never arrive.
+    if receiver.is_ok() {
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGTTOU);
+        if let Err(err) = set.thread_block() {
+            tracing::debug!(%err, "cannot block SIGTTOU");
+        }
     }
 }
 
