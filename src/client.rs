@@ -426,7 +426,7 @@ where
         if self.inner.cluster {
             crate::slots::check_one_slot(&keys, None)?;
         }
-        let value = owner.value(&options.metadata);
+        let value = owner.value(options.metadata_to_store());
         let claim = Claim {
             keys: &keys,
             owner: &owner,
@@ -451,7 +451,7 @@ where
             keys,
             modes,
             owner,
-            metadata: options.metadata.clone(),
+            metadata: options.metadata_to_store().to_owned(),
             ttl,
             fence: None,
             valid_until: sent.checked_add(valid_for).unwrap_or(sent),
@@ -535,7 +535,7 @@ where
             keys,
             modes,
             owner: won.owner,
-            metadata: options.metadata.clone(),
+            metadata: options.metadata_to_store().to_owned(),
             ttl: won.ttl,
             fence: won.fence,
             valid_until: won.valid_until,
@@ -567,7 +567,7 @@ where
             client: self,
             keys,
             custom: custom.as_ref(),
-            metadata: &options.metadata,
+            metadata: options.metadata_to_store(),
             ttl,
             counter: counter.as_deref(),
             modes: modes.as_ref(),
