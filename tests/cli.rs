@@ -1140,3 +1140,62 @@ fn a_background_run_under_stty_tostop_still_says_what_it_must_and_ends_on_a_sign
     assert!(out.took < Duration::from_secs(20), "{out:?}");
     assert!(!exists(&urls[0], "job"), "released");
 }
+
+#[test]
+fn refresh_with_metadata_replaces_it_on_every_topology() {
+    let single = RedisServer::start();
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let cluster = Cluster::start();
+    let topologies: Vec<(Vec<String>, bool)> = vec![
+        (vec![single.url()], false),
+        (masters.iter().map(RedisServer::url).collect(), false),
+        (cluster.urls(), true),
+    ];
+    for (urls, on_cluster) in topologies {
+        let command = |args: &[&str]| {
+            let mut command = lockset(&urls);
+            if on_cluster {
+                command.arg("--cluster");
+            }
+            command.args(args);
+            command
+        };
+        let out = finish(&mut command(&[
+            "acquire",
+            "--metadata",
+            "before",
+            "{j}:a",
+            "{j}:b",
+        ]));
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let token = out.stdout.trim().to_owned();
+        let out = finish(&mut command(&[
+            "refresh",
+            "--token",
+            &token,
+            "--metadata",
+            "after",
+            "{j}:a",
+            "{j}:b",
+        ]));
+        assert_eq!(out.code, Some(0), "{urls:?}: {out:?}");
+        let out = finish(&mut command(&["status", "--json", "{j}:a", "{j}:b"]));
+        let status: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+        for key in status["keys"].as_array().expect("keys") {
+            assert_eq!(key["metadata"], "after", "{urls:?}: {status}");
+            assert_eq!(key["held_on"], key["nodes"], "{urls:?}: {status}");
+        }
+        // Without --metadata, a refresh keeps it.
+        let out = finish(&mut command(&[
+            "refresh", "--token", &token, "{j}:a", "{j}:b",
+        ]));
+        assert_eq!(out.code, Some(0), "{urls:?}: {out:?}");
+        let out = finish(&mut command(&["status", "--json", "{j}:a"]));
+        let status: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+        assert_eq!(status["keys"][0]["metadata"], "after", "{urls:?}: {status}");
+        let out = finish(&mut command(&[
+            "release", "--token", &token, "{j}:a", "{j}:b",
+        ]));
+        assert_eq!(out.code, Some(0), "{urls:?}: {out:?}");
+    }
+}

@@ -55,18 +55,20 @@ where
     Ok(0)
 }
 
-/// Extends the lock held by `--token` to `--ttl`.
+/// Extends the lock held by `--token` to `--ttl`, replacing its metadata with `--metadata`
+/// when given.
 pub(crate) async fn refresh<C>(redis: &Redis<C>, args: &RefreshArgs) -> Result<u8, Failure>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let keys = held_by(redis, &args.keys, &args.token).await?;
-    let metadata = match &args.metadata {
-        Some(metadata) => metadata.clone(),
-        None => holders_metadata(&keys, &args.token),
-    };
+    let metadata = holders_metadata(&keys, &args.token);
     let lock = adopt(redis, &args.keys, &args.token, &metadata, args.ttl).await?;
-    match lock.refresh(args.ttl, &Options::default()).await {
+    let mut options = Options::default();
+    if let Some(metadata) = &args.metadata {
+        options = options.metadata(metadata);
+    }
+    match lock.refresh(args.ttl, &options).await {
         Ok(()) => Ok(0),
         Err(err) if err.is_not_obtained() => Err(not_held("it expired or was taken over")),
         Err(err) => Err(Failure::from_error(&err)),
