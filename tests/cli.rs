@@ -1199,3 +1199,41 @@ fn refresh_with_metadata_replaces_it_on_every_topology() {
         assert_eq!(out.code, Some(0), "{urls:?}: {out:?}");
     }
 }
+
+#[test]
+fn a_redlock_loss_says_lost_on_a_majority_or_names_the_other_holder_never_itself() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    for (intruder, says) in [(None, "majority"), (Some("5:otherintruder"), "intruder")] {
+        let run = lockset(&urls)
+            .args(["run", "--ttl", "3s", "--metadata", "this-run", "job", "--"])
+            .args(["sleep", "60"])
+            .spawn()
+            .expect("start lockset");
+        eventually("the lock is on every master", || {
+            urls.iter().all(|url| exists(url, "job"))
+        });
+        let taken = Instant::now();
+        for url in &urls[..2] {
+            match intruder {
+                None => command_on(url, &["DEL", "job"]),
+                Some(value) => command_on(url, &["SET", "job", value, "EX", "60"]),
+            };
+        }
+        let out = wait(run, taken);
+        assert_eq!(out.code, Some(70), "{out:?}");
+        let said = out
+            .stderr
+            .lines()
+            .find(|line| line.starts_with("lockset: lock lost"))
+            .unwrap_or_else(|| panic!("no loss line: {out:?}"));
+        assert!(said.contains(says), "{says} in {said}");
+        assert!(!said.contains("this-run"), "never itself: {said}");
+        if intruder.is_none() {
+            assert!(!said.contains("taken over"), "{said}");
+        }
+        for url in &urls {
+            command_on(url, &["DEL", "job"]);
+        }
+    }
+}

@@ -147,6 +147,22 @@ impl Key {
             .count()
     }
 
+    /// The key as others hold it: every server where `token` holds it counts as free.
+    pub(crate) fn without(&self, token: &str) -> Self {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|node| match node {
+                Node::Held { token: t, .. } if t == token => Node::Free,
+                other => other.clone(),
+            })
+            .collect();
+        Self {
+            name: self.name.clone(),
+            nodes,
+        }
+    }
+
     /// One phrase for people: `"orders" is held by web-1:42 (12.3s left)`.
     pub(crate) fn describe(&self) -> String {
         let name = &self.name;
@@ -165,6 +181,50 @@ impl Key {
             Some(Node::WrongType(kind)) => format!("{name:?} holds a {kind}, not a string"),
             _ => format!("{name:?} is free"),
         }
+    }
+}
+
+/// The first key a token does not hold on a majority of the servers, as seen by others.
+#[derive(Clone, Debug)]
+pub(crate) struct Loss {
+    /// The key, where the token's own copies count as free: it never names the token's
+    /// holder as the one who took it.
+    pub(crate) others: Key,
+    /// How many servers still hold the key with the token.
+    pub(crate) kept: usize,
+}
+
+impl Loss {
+    /// The first of `keys` that `token` does not hold on a majority of the servers; `None`
+    /// when it holds them all.
+    pub(crate) fn find(keys: &[Key], token: &str) -> Option<Self> {
+        let key = keys
+            .iter()
+            .find(|key| key.held_by(token) < key.nodes.len() / 2 + 1)?;
+        Some(Self {
+            others: key.without(token),
+            kept: key.held_by(token),
+        })
+    }
+
+    /// True when someone else holds the key somewhere (else it expired or was deleted).
+    pub(crate) fn is_taken(&self) -> bool {
+        self.others.state() != State::Free
+    }
+
+    /// One phrase for people: who holds the key instead, or on how few masters the token
+    /// still does.
+    pub(crate) fn describe(&self) -> String {
+        let nodes = self.others.nodes.len();
+        if self.is_taken() || self.kept == 0 {
+            return self.others.describe();
+        }
+        format!(
+            "{:?} is held by this lock on only {} of {nodes} masters ({} needed)",
+            self.others.name,
+            self.kept,
+            nodes / 2 + 1
+        )
     }
 }
 
@@ -302,6 +362,18 @@ mod tests {
         assert_eq!(
             key(vec![Node::WrongType("list".to_owned())]).describe(),
             r#""k" holds a list, not a string"#
+        );
+    }
+
+    #[test]
+    fn without_a_token_a_key_shows_only_the_others() {
+        let seen = key(vec![held("t", 3), Node::Free, held("u", 5)]);
+        let others = seen.without("t");
+        assert_eq!((others.held_by("t"), others.held_by("u")), (0, 1));
+        assert_eq!(others.ttl(), Some(Duration::from_secs(5)));
+        assert_eq!(
+            key(vec![held("t", 3), Node::Free]).without("t").state(),
+            State::Free
         );
     }
 

@@ -19,7 +19,7 @@ use crate::child::Command;
 use crate::cli::RunArgs;
 use crate::connect::Redis;
 use crate::exit::{self, Failure, LOST};
-use crate::holder::{self, State};
+use crate::holder::{self, Loss};
 use crate::obtain;
 use crate::signals::{Event, Signals};
 use crate::ui::Ui;
@@ -292,13 +292,12 @@ where
         Ok(Err(err)) => return format!("Redis unreachable ({err}), the lock's validity ran out"),
         Err(_) => return "Redis did not answer, the lock's validity ran out".to_owned(),
     };
-    let needed = redis.nodes.len() / 2 + 1;
-    let not_ours = keys.iter().find(|key| key.held_by(token) < needed);
-    match not_ours {
-        Some(key) if key.state() == State::Free => {
-            format!("{:?} expired or was deleted", key.name)
-        }
-        Some(key) => format!("taken over: {}", key.describe()),
-        None => "Redis did not confirm a refresh before the lock's validity ran out".to_owned(),
+    let Some(loss) = Loss::find(&keys, token) else {
+        return "Redis did not confirm a refresh before the lock's validity ran out".to_owned();
+    };
+    match (loss.is_taken(), redis.nodes.len()) {
+        (true, _) => format!("taken over: {}", loss.describe()),
+        (false, 1) => format!("{:?} expired or was deleted", loss.others.name),
+        (false, _) => format!("lost on a majority: {}", loss.describe()),
     }
 }

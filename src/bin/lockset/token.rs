@@ -17,7 +17,7 @@ use lockset::{Lock, Options};
 use crate::cli::{AcquireArgs, RefreshArgs, ReleaseArgs};
 use crate::connect::Redis;
 use crate::exit::{self, Failure, LOST, UNAVAILABLE};
-use crate::holder::{self, Key};
+use crate::holder::{self, Key, Loss};
 use crate::obtain;
 use crate::signals::Signals;
 use crate::ui::Ui;
@@ -99,9 +99,8 @@ where
     let seen = holder::inspect_all(&redis.nodes, keys)
         .await
         .map_err(|err| unavailable(&err))?;
-    let needed = redis.nodes.len() / 2 + 1;
-    if let Some(key) = seen.iter().find(|key| key.held_by(token) < needed) {
-        return Err(not_held(&key.describe()));
+    if let Some(loss) = Loss::find(&seen, token) {
+        return Err(not_held(&loss.describe()));
     }
     Ok(seen)
 }
