@@ -378,6 +378,23 @@ mod tests {
     }
 
     #[test]
+    fn a_loss_never_names_its_own_token() {
+        let minority = key(vec![held("t", 3), Node::Free, Node::Free]);
+        let loss = Loss::find(&[minority], "t").expect("lost");
+        assert!(!loss.is_taken());
+        assert_eq!(
+            loss.describe(),
+            r#""k" is held by this lock on only 1 of 3 masters (2 needed)"#
+        );
+        let taken = key(vec![held("t", 3), held("u", 5), held("u", 5)]);
+        let loss = Loss::find(&[taken], "t").expect("lost");
+        assert!(loss.is_taken());
+        assert_eq!(loss.describe(), r#""k" is held by web-1:42 (5.0s left)"#);
+        let majority = key(vec![held("t", 3), held("t", 3), Node::Free]);
+        assert!(Loss::find(&[majority], "t").is_none());
+    }
+
+    #[test]
     fn a_quorum_key_counts_its_masters() {
         let seen = key(vec![
             held("t", 3),
