@@ -257,7 +257,8 @@ fn a_waiting_run_starts_as_soon_as_the_holder_releases() {
     );
     // Not a terminal: the waiting line is a log line, and only with -v.
     assert!(
-        out.stderr.contains("waiting for \"job\" (held by first"),
+        out.stderr
+            .contains("waiting for \"job\" (held by \"first\""),
         "{out:?}"
     );
 }
@@ -293,7 +294,7 @@ fn a_wait_on_a_terminal_shows_a_spinner_and_clears_it_before_the_command_runs() 
     assert_eq!(out.code, Some(0), "{out:?}");
     let waiting = out
         .stdout
-        .find("waiting for \"job\" (held by first, ")
+        .find("waiting for \"job\" (held by \"first\", ")
         .unwrap_or_else(|| panic!("no waiting line on the terminal: {out:?}"));
     let ran = out.stdout.find("ran").expect("the command ran");
     // A spinner redraws its line in place, and clears it before the command's output.
@@ -565,7 +566,7 @@ fn acquire_refresh_release_and_status_round_trip() {
     let out = finish(lockset(&urls).args(["status", "db", "free"]));
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(
-        out.stdout.contains("\"db\" is held by deploy-42"),
+        out.stdout.contains("\"db\" is held by \"deploy-42\""),
         "{out:?}"
     );
     assert!(out.stdout.contains("\"free\" is free"), "{out:?}");
@@ -728,6 +729,8 @@ fn bad_input_exits_64_with_usage_and_sends_nothing() {
     let urls = [url.clone()];
     let quorum = [url.clone(), url.clone(), url.clone()];
     let not_redis = ["http://not-redis/".to_owned()];
+    let empty = [String::new()];
+    let with_empty = [url.clone(), String::new()];
     let cases: Vec<(&[String], Vec<&str>)> = vec![
         (&urls, vec![]),
         (&urls, vec!["frobnicate"]),
@@ -762,9 +765,18 @@ fn bad_input_exits_64_with_usage_and_sends_nothing() {
         ),
         (&quorum, vec!["run", "--fencing", "a", "--", "true"]),
         (&not_redis, vec!["run", "a", "--", "true"]),
+        (
+            &urls,
+            vec!["run", "--conflict-exit-code", "-1", "a", "--", "true"],
+        ),
+        // An empty URL is a mistake (an unset variable), not a wish for the default.
+        (&empty, vec!["run", "a", "--", "true"]),
+        (&empty, vec!["status", "a"]),
+        (&with_empty, vec!["status", "a"]),
     ];
     for (urls, args) in cases {
-        let out = finish(lockset(urls).args(&args));
+        // Where a fallback to REDIS_URL would go.
+        let out = finish(lockset(urls).env("REDIS_URL", &url).args(&args));
         assert_eq!(out.code, Some(64), "{args:?}: {out:?}");
         assert!(out.stderr.contains("error:"), "{args:?}: {out:?}");
         assert!(
@@ -1236,4 +1248,148 @@ fn a_redlock_loss_says_lost_on_a_majority_or_names_the_other_holder_never_itself
             command_on(url, &["DEL", "job"]);
         }
     }
+}
+
+#[test]
+fn conflict_exit_codes_out_of_range_say_so() {
+    let out = finish(lockset(&[]).args(["run", "--conflict-exit-code", "-1", "a", "--", "true"]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(out.stderr.contains("0 to 255"), "{out:?}");
+}
+
+#[test]
+fn metadata_is_quoted_wherever_it_is_shown() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    // Escape sequences, a carriage return and a line break: none may reach the terminal.
+    let metadata = "evil\x1b[2J\r\nforged line";
+    acquire(&urls, &["--ttl", "60s", "--metadata", metadata, "job"]);
+    let quoted = r#"held by "evil\u{1b}[2J\r\nforged line""#;
+    let out = finish(lockset(&urls).args(["status", "job"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
+    assert!(out.stdout.contains(quoted), "{out:?}");
+    assert!(
+        !out.stdout.contains('\x1b') && !out.stdout.contains('\r'),
+        "{out:?}"
+    );
+    let out = finish(lockset(&urls).args(["run", "job", "--", "true"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+    assert!(out.stderr.contains(quoted), "{out:?}");
+    let out = finish(lockset(&urls).args(["run", "-v", "--wait", "1s", "job", "--", "true"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(
+        !out.stderr.contains('\x1b') && !out.stderr.contains('\r'),
+        "{out:?}"
+    );
+    // JSON escapes it its own way.
+    let status = status_json(&urls, &["job"]);
+    assert_eq!(status["keys"][0]["metadata"], metadata, "{status}");
+}
+
+#[test]
+fn refresh_and_release_of_a_key_of_another_type_exit_65() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    command_on(&urls[0], &["LPUSH", "job", "x"]);
+    command_on(&urls[0], &["HSET", "other", "f", "v"]);
+    for op in ["refresh", "release"] {
+        let out = finish(lockset(&urls).args([op, "--token", "t", "job", "other"]));
+        assert_eq!(out.code, Some(65), "{op}: {out:?}");
+        assert!(out.stderr.contains("list"), "{op}: {out:?}");
+    }
+}
+
+#[test]
+fn a_database_out_of_range_is_bad_usage() {
+    let server = RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}/99", server.port());
+    for args in [vec!["run", "a", "--", "true"], vec!["status", "a"]] {
+        let out = finish(lockset(std::slice::from_ref(&url)).args(&args));
+        assert_eq!(out.code, Some(64), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("99"), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn a_cluster_node_without_cluster_says_to_use_it() {
+    let cluster = Cluster::start();
+    let first = cluster.urls()[0].clone();
+    // A key whose slot another node serves.
+    let key = (0..100)
+        .map(|i| format!("job{i}"))
+        .find(|key| cluster.owner_of(cluster.keyslot(key)) != 0)
+        .expect("a key elsewhere");
+    for args in [
+        vec!["run", key.as_str(), "--", "true"],
+        vec!["acquire", key.as_str()],
+        vec!["status", key.as_str()],
+    ] {
+        let out = finish(lockset(std::slice::from_ref(&first)).args(&args));
+        assert_eq!(out.code, Some(69), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("--cluster"), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn a_key_that_starts_with_a_hyphen_can_be_run_with_key() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let print = "echo \"$LOCKSET_KEYS\"";
+    let out = finish(lockset(&urls).args(["run", "--key", "-k", "b", "--", "sh", "-c", print]));
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "-k b\n"),
+        "{out:?}"
+    );
+    let out = finish(lockset(&urls).args(["acquire", "--", "-k"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = finish(lockset(&urls).args(["run", "--key=-k", "--", "true"]));
+    assert_eq!(out.code, Some(75), "the same key: {out:?}");
+}
+
+#[test]
+fn the_usage_line_does_not_make_redis_look_required_when_the_environment_sets_it() {
+    let out = finish(
+        lockset(&[])
+            .env("LOCKSET_REDIS", "redis://127.0.0.1:1/")
+            .arg("run"),
+    );
+    assert_eq!(out.code, Some(64), "{out:?}");
+    let usage = out
+        .stderr
+        .lines()
+        .find(|line| line.starts_with("Usage:"))
+        .unwrap_or_else(|| panic!("no usage: {out:?}"));
+    assert!(!usage.contains("--redis <URL>"), "{usage}");
+}
+
+#[test]
+fn acquire_with_stdout_closed_fails_and_holds_nothing() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let out = finish(
+        Command::new("sh")
+            .args(["-c", "exec \"$0\" \"$@\" >&-"])
+            .arg(env!("CARGO_BIN_EXE_lockset"))
+            .args(["--redis", &urls[0], "acquire", "job"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .stdout(Stdio::piped()),
+    );
+    assert_eq!(out.code, Some(71), "{out:?}");
+    assert!(out.stderr.contains("stdout"), "{out:?}");
+    assert!(!exists(&urls[0], "job"), "nobody could release it");
+}
+
+#[test]
+fn keys_with_spaces_reach_the_command_unambiguously_as_json() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let print = "echo \"$LOCKSET_KEYS_JSON\"";
+    let out = finish(lockset(&urls).args(["run", "a b", "c\"d", "--", "sh", "-c", print]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let keys: Vec<String> = serde_json::from_str(out.stdout.trim()).expect("a JSON array");
+    assert_eq!(keys, ["a b", "c\"d"]);
 }

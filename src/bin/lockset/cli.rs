@@ -109,6 +109,7 @@ pub(crate) enum Command {
             from the terminal (run interactive programs some other way).",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset run [OPTIONS] <KEY>... -- <COMMAND>...")]
     Run(RunArgs),
 
     /// Obtain every KEY and print the lock's token on stdout; the lock stays held until
@@ -121,6 +122,7 @@ pub(crate) enum Command {
             when the work takes longer. Keep the token secret: whoever has it owns the lock.",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset acquire [OPTIONS] <KEY>...")]
     Acquire(AcquireArgs),
 
     /// Extend a lock obtained with `acquire` to --ttl, if it is still held by TOKEN.
@@ -132,6 +134,7 @@ pub(crate) enum Command {
             --metadata is given.",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset refresh [OPTIONS] --token <TOKEN> <KEY>...")]
     Refresh(RefreshArgs),
 
     /// Release a lock obtained with `acquire`, if it is still held by TOKEN.
@@ -142,6 +145,7 @@ pub(crate) enum Command {
             over): nothing is deleted then.",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset release [OPTIONS] --token <TOKEN> <KEY>...")]
     Release(ReleaseArgs),
 
     /// Show whether each KEY is free or held: the holder's metadata and remaining TTL,
@@ -155,7 +159,19 @@ pub(crate) enum Command {
             held_on counts the Redlock masters holding the key (1 of 1 otherwise).",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset status [OPTIONS] <KEY>...")]
     Status(StatusArgs),
+}
+
+impl Command {
+    /// Puts `run --key` values before the KEY arguments: from then on, `keys` holds them all.
+    pub(crate) fn gather_keys(&mut self) {
+        if let Self::Run(run) = self {
+            let mut keys = std::mem::take(&mut run.key);
+            keys.append(&mut run.keys);
+            run.keys = keys;
+        }
+    }
 }
 
 /// Options of `run`.
@@ -170,8 +186,13 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::non_negative, allow_hyphen_values = true)]
     pub(crate) kill_after: Duration,
 
+    /// A key to hold, also one that starts with '-' (`--key -k` or `--key=-k`); these come
+    /// before the KEY arguments. Repeat it for more.
+    #[arg(long = "key", value_name = "KEY", allow_hyphen_values = true)]
+    pub(crate) key: Vec<String>,
+
     /// The keys to hold: all of them, or none.
-    #[arg(value_name = "KEY", required = true)]
+    #[arg(value_name = "KEY", required_unless_present = "key")]
     pub(crate) keys: Vec<String>,
 
     /// The command to run and its arguments, after `--`.
@@ -214,7 +235,7 @@ pub(crate) struct ObtainArgs {
     pub(crate) fencing: bool,
 
     /// Exit with this status when the lock is held by someone else after --wait.
-    #[arg(long, value_name = "N", default_value_t = 75)]
+    #[arg(long, value_name = "N", default_value_t = 75, value_parser = exit_status, allow_hyphen_values = true)]
     pub(crate) conflict_exit_code: u8,
 }
 
@@ -260,6 +281,13 @@ pub(crate) struct StatusArgs {
     /// The keys to look at.
     #[arg(value_name = "KEY", required = true)]
     pub(crate) keys: Vec<String>,
+}
+
+/// An exit status: 0 to 255.
+fn exit_status(text: &str) -> Result<u8, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| "an exit status is a whole number from 0 to 255".to_owned())
 }
 
 /// A token must have at least one character.

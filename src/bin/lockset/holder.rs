@@ -174,7 +174,10 @@ impl Key {
             Some(Node::Held { metadata, .. }) if metadata.is_empty() => {
                 format!("{name:?} is held by a lock without metadata ({left})")
             }
-            Some(Node::Held { metadata, .. }) => format!("{name:?} is held by {metadata} ({left})"),
+            // Quoted like the key: what anyone stored must not reach a terminal raw.
+            Some(Node::Held { metadata, .. }) => {
+                format!("{name:?} is held by {metadata:?} ({left})")
+            }
             Some(Node::Foreign { .. }) => {
                 format!("{name:?} holds a value lockset did not write ({left})")
             }
@@ -356,7 +359,7 @@ mod tests {
     fn descriptions_name_key_holder_and_time_left_but_never_the_token() {
         let seen = key(vec![held("secret", 12)]);
         let text = seen.describe();
-        assert_eq!(text, r#""k" is held by web-1:42 (12.0s left)"#);
+        assert_eq!(text, r#""k" is held by "web-1:42" (12.0s left)"#);
         assert!(!text.contains("secret"));
         assert_eq!(key(vec![Node::Free]).describe(), r#""k" is free"#);
         assert_eq!(
@@ -389,7 +392,7 @@ mod tests {
         let taken = key(vec![held("t", 3), held("u", 5), held("u", 5)]);
         let loss = Loss::find(&[taken], "t").expect("lost");
         assert!(loss.is_taken());
-        assert_eq!(loss.describe(), r#""k" is held by web-1:42 (5.0s left)"#);
+        assert_eq!(loss.describe(), r#""k" is held by "web-1:42" (5.0s left)"#);
         let majority = key(vec![held("t", 3), held("t", 3), Node::Free]);
         assert!(Loss::find(&[majority], "t").is_none());
     }

@@ -130,7 +130,9 @@ where
     loop {
         match holder::first_held(&redis.nodes, keys).await {
             Ok(Some(key)) => {
-                let by = key.metadata().unwrap_or("another owner");
+                let by = key
+                    .metadata()
+                    .map_or_else(|| "another owner".to_owned(), |by| format!("{by:?}"));
                 let left = key
                     .ttl()
                     .map(|ttl| format!(", {} left)", duration::show(ttl)))

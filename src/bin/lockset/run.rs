@@ -56,7 +56,14 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let lock = obtain::obtain(redis, &args.keys, &args.obtain, ui, signals).await?;
-    let mut env = vec![("LOCKSET_KEYS", args.keys.join(" "))];
+    // The space-separated list is ambiguous for keys with spaces; the JSON array is not.
+    let mut env = vec![
+        ("LOCKSET_KEYS", args.keys.join(" ")),
+        (
+            "LOCKSET_KEYS_JSON",
+            serde_json::json!(args.keys).to_string(),
+        ),
+    ];
     if let Some(fence) = lock.fencing_token() {
         env.push(("LOCKSET_FENCING_TOKEN", fence.to_string()));
     }

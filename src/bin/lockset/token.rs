@@ -16,8 +16,8 @@ use lockset::{Lock, Options};
 
 use crate::cli::{AcquireArgs, RefreshArgs, ReleaseArgs};
 use crate::connect::Redis;
-use crate::exit::{self, Failure, LOST, UNAVAILABLE};
-use crate::holder::{self, Key, Loss};
+use crate::exit::{self, DATA, Failure, LOST};
+use crate::holder::{self, Key, Loss, State};
 use crate::obtain;
 use crate::signals::Signals;
 use crate::ui::Ui;
@@ -100,6 +100,9 @@ where
         .await
         .map_err(|err| unavailable(&err))?;
     if let Some(loss) = Loss::find(&seen, token) {
+        if loss.others.state() == State::WrongType {
+            return Err(Failure::new(DATA, loss.describe()));
+        }
         return Err(not_held(&loss.describe()));
     }
     Ok(seen)
@@ -137,8 +140,5 @@ fn not_held(why: &str) -> Failure {
 }
 
 fn unavailable(err: &RedisError) -> Failure {
-    Failure::new(
-        UNAVAILABLE,
-        format!("cannot read the keys from Redis: {err}"),
-    )
+    exit::redis_failure("cannot read the keys from Redis", err)
 }
