@@ -16,6 +16,8 @@ use tokio::time::Instant;
 
 /// How often to look whether the command's process group has emptied after SIGTERM.
 const GROUP_POLL: Duration = Duration::from_millis(50);
+/// How often to look whether the command has stopped after SIGSTOP.
+const STOP_POLL: Duration = Duration::from_millis(1);
 
 /// A running command, leader of its own process group.
 #[derive(Debug)]
@@ -71,6 +73,16 @@ impl Command {
     /// ignore (a command may ignore SIGTSTP, and must not run on while `lockset` is stopped).
     pub(crate) fn stop(&self) {
         self.signal(Signal::SIGSTOP);
+    }
+
+    /// Waits (at most `within`) until the command's first process is seen stopped: a signal
+    /// takes effect when its target next runs, which on a busy machine may come after
+    /// `lockset` itself stopped. (It could not run its own code before, either.)
+    pub(crate) async fn until_stopped(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.stopped_by().is_none() && Instant::now() < deadline {
+            tokio::time::sleep(STOP_POLL).await;
+        }
     }
 
     /// Continues the command's process group. Only while the lock is valid.

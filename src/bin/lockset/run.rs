@@ -26,6 +26,8 @@ use crate::ui::Ui;
 
 /// How long to spend finding out why a lock was lost.
 const EXPLAIN_WITHIN: Duration = Duration::from_secs(2);
+/// How long to wait for the command to be seen stopped before `lockset` stops itself.
+const STOP_WITHIN: Duration = Duration::from_millis(500);
 
 /// How the command ended.
 enum Ended {
@@ -193,6 +195,7 @@ where
     ) -> bool {
         tracing::info!(?signal, "stopping the command, then lockset");
         command.stop();
+        command.until_stopped(STOP_WITHIN).await;
         if let Err(err) = signals.stop_self().await {
             tracing::warn!(%err, "cannot stop lockset");
         }
