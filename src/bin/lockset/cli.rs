@@ -12,11 +12,13 @@ const AFTER_HELP: &str = "\
 Exit status:
   0      success (run: the command exited 0)
   1-125  run: the command's own exit status
-  64     bad usage or input (nothing was sent to Redis)
+  64     bad usage or input, --redis URLs included (nothing was locked)
   65     a key holds a value that is not a string (a list, a hash, ...)
   69     Redis unreachable, or it failed
-  70     the lock was lost (run: while the command ran; refresh/release: it is not ours)
-  71     a local system error (cannot catch signals, wait for the command, or print)
+  70     the lock was lost (run: while the command ran or was stopped; refresh/release:
+         it is not ours)
+  71     a local system error (cannot catch signals, wait for the command, or print;
+         acquire/status: stdout is closed)
   75     the lock is held by someone else (change with --conflict-exit-code)
   126    run: the command could not be executed
   127    run: the command was not found
@@ -93,7 +95,8 @@ pub(crate) enum Command {
         long_about = "Run a command while holding every KEY; release them when it exits.\n\n\
             Obtains all keys at once (all or nothing), waiting up to --wait for a holder to \
             let go. The command runs in its own process group with LOCKSET_KEYS (the keys, \
-            space-separated) and, with --fencing, LOCKSET_FENCING_TOKEN in its environment. \
+            space-separated), LOCKSET_KEYS_JSON (the keys as a JSON array, unambiguous for \
+            keys with spaces) and, with --fencing, LOCKSET_FENCING_TOKEN in its environment. \
             A watchdog refreshes the lock every third of --ttl while the command runs. When \
             the command exits, the lock is released and lockset exits with the command's \
             status (128+N when it died by signal N).\n\n\
@@ -102,9 +105,20 @@ pub(crate) enum Command {
             gets SIGTERM at once and SIGKILL after --kill-after, and lockset exits 70 saying \
             why.\n\n\
             SIGINT, SIGTERM and SIGHUP sent to lockset are forwarded to the command's process \
-            group; the lock is released once the command has exited. `kill -9` of lockset \
-            cannot be forwarded: the command keeps running, and the lock expires with its TTL \
-            (no later than --ttl after the last refresh).\n\n\
+            group, followed by SIGCONT so that a stopped command acts on them; the lock is \
+            released once the command has exited. A signal ignored when lockset starts \
+            (SIGHUP under nohup, SIGINT in a background job) stays ignored, for the command \
+            too.\n\n\
+            Job control: SIGTSTP (Ctrl-Z), SIGTTIN and SIGTTOU stop the command's process \
+            group, then lockset (nothing refreshes the lock while it is stopped). On SIGCONT \
+            (fg, bg) lockset refreshes the lock before the command goes on; if the lock was \
+            lost meanwhile, the command gets SIGTERM (and SIGCONT to act on it), SIGKILL \
+            after --kill-after, and lockset exits 70. A command that stops by itself (say, \
+            reading the terminal) is reported on stderr; it keeps the lock while stopped.\n\n\
+            `kill -9` and `kill -STOP` of lockset cannot be caught: the command keeps \
+            running, and the lock expires with its TTL (no later than --ttl after the last \
+            refresh); a lockset continued after SIGSTOP ends the command at once if the lock \
+            expired meanwhile. Use --fencing where that matters.\n\n\
             The command is not in the terminal's foreground process group: it cannot read \
             from the terminal (run interactive programs some other way).",
         after_help = AFTER_HELP
