@@ -19,7 +19,21 @@ const HANG: Duration = Duration::from_secs(60);
 
 /// A `lockset` process for `urls`, with no Redis settings from the environment.
 fn lockset(urls: &[String]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_lockset"));
+    lockset_via(&[], urls)
+}
+
+/// [`lockset`] started by `wrapper` (`nohup`, or a shell that sets something up and execs
+/// its arguments), which gets the path of `lockset` and its arguments after its own.
+fn lockset_via(wrapper: &[&str], urls: &[String]) -> Command {
+    let lockset = env!("CARGO_BIN_EXE_lockset");
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(lockset);
+            command
+        }
+        None => Command::new(lockset),
+    };
     command
         .env_remove("LOCKSET_REDIS")
         .env_remove("REDIS_URL")
@@ -1145,13 +1159,8 @@ fn signals_ignored_when_lockset_starts_stay_ignored_for_it_and_the_command() {
     let urls = [server.url()];
     // nohup: SIGHUP ignored. The command outlives a hang-up, and finishes its work.
     let start = Instant::now();
-    let run = Command::new("nohup")
-        .arg(env!("CARGO_BIN_EXE_lockset"))
-        .args(["--redis", &urls[0], "run", "job", "--", "sh", "-c"])
-        .arg("sleep 1.5; echo done")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+    let run = lockset_via(&["nohup"], &urls)
+        .args(["run", "job", "--", "sh", "-c", "sleep 1.5; echo done"])
         .spawn()
         .expect("start nohup lockset");
     eventually("the lock is held", || exists(&urls[0], "job"));
@@ -1166,14 +1175,9 @@ fn signals_ignored_when_lockset_starts_stay_ignored_for_it_and_the_command() {
     // A background job of a script: SIGINT ignored, for lockset and for the command (a
     // shell cannot catch a signal ignored when it started, and does not die of it).
     let start = Instant::now();
-    let run = Command::new("sh")
-        .args(["-c", "trap '' INT; exec \"$0\" \"$@\""])
-        .arg(env!("CARGO_BIN_EXE_lockset"))
-        .args(["--redis", &urls[0], "run", "job", "--", "sh", "-c"])
+    let run = lockset_via(&["sh", "-c", "trap '' INT; exec \"$0\" \"$@\""], &urls)
+        .args(["run", "job", "--", "sh", "-c"])
         .arg("sleep 1.5; kill -INT $$; echo alive")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .spawn()
         .expect("start lockset with SIGINT ignored");
     eventually("the lock is held", || exists(&urls[0], "job"));
@@ -1434,13 +1438,7 @@ fn acquire_with_stdout_closed_fails_and_holds_nothing() {
     let server = RedisServer::start();
     let urls = [server.url()];
     let out = finish(
-        Command::new("sh")
-            .args(["-c", "exec \"$0\" \"$@\" >&-"])
-            .arg(env!("CARGO_BIN_EXE_lockset"))
-            .args(["--redis", &urls[0], "acquire", "job"])
-            .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .stdout(Stdio::piped()),
+        lockset_via(&["sh", "-c", "exec \"$0\" \"$@\" >&-"], &urls).args(["acquire", "job"]),
     );
     assert_eq!(out.code, Some(71), "{out:?}");
     assert!(out.stderr.contains("stdout"), "{out:?}");
