@@ -175,8 +175,9 @@ where
                             return Ended::Lost(Phase::Stopped);
                         }
                     }
-                    // Continued after an uncatchable SIGSTOP, or sent by hand: the lock is
-                    // still valid (the lost signal comes first), so the command may go on too.
+                    // Continued after an uncatchable SIGSTOP, or sent by hand: the command
+                    // may go on too, if the lock is still valid.
+                    Event::Continue if self.lost.is_lost() => return Ended::Lost(Phase::Running),
                     Event::Continue => command.resume(),
                     Event::Child => told_stopped = self.tell_stopped(command, told_stopped),
                 }
