@@ -14,7 +14,9 @@
 -- ARGV[6]  obtain: when the last key is a fencing counter, the primary's configuration
 --          epoch plus one (see fence.lua), else "0"; refresh: "1" to re-create
 --          missing keys (Redlock); release: the announcement's payload
--- ARGV[7]  obtain: "1" when the caller waits for release events (marks what blocks it)
+-- ARGV[7]  obtain: "1" when the caller waits for release events (marks what blocks it);
+--          refresh, only when the metadata changes: "1" to store ARGV[3] in place of the
+--          owner's values and members
 -- ARGV[8]  obtain: "1" when the caller will try again if blocked (a writer queues, below)
 --
 -- Storage. An exclusive key is a string, exactly as a lock without modes writes it. A shared
@@ -224,7 +226,7 @@ local function join_set(key, mode, member, expiry, grow, fresh)
 end
 
 local function refresh()
-  local ttl, restore = tonumber(ARGV[5]), ARGV[6] == '1'
+  local ttl, restore, rewrite = tonumber(ARGV[5]), ARGV[6] == '1', ARGV[7] == '1'
   local failed, states = check_all(0, 2, restore)
   if failed then
     return failed
@@ -244,14 +246,22 @@ local function refresh()
   end
   for i = 1, count do
     local key, mode, found = KEYS[i], modes[i], states[i][1]
+    local stored = states[i][2]
     if mode == 'x' then
-      if found == 'ours' then
-        redis.call('PEXPIRE', key, ttl)
-      else
+      if found ~= 'ours' then
         redis.call('SET', key, value, 'PX', ttl)
+      elseif rewrite and stored ~= value then
+        -- A waiter's mark stays in front.
+        local mark = string.byte(stored, 1) == 33 and '!' or ''
+        redis.call('SET', key, mark .. value, 'PX', ttl)
+      else
+        redis.call('PEXPIRE', key, ttl)
       end
+    elseif found == 'ours' and rewrite and stored ~= value then
+      redis.call('ZREM', key, stored)
+      join_set(key, mode, value, now + ttl, false, false)
     elseif found == 'ours' then
-      join_set(key, mode, states[i][2], now + ttl, false, false)
+      join_set(key, mode, stored, now + ttl, false, false)
     else
       join_set(key, mode, value, now + ttl, true, redis.call('EXISTS', key) == 0)
     end

@@ -47,14 +47,19 @@ where
         }
     }
 
-    /// Tries once to extend the lock; false when it is not held.
-    pub(crate) async fn refresh(&self, claim: &Claim<'_>) -> (Result<bool>, Stragglers) {
+    /// Tries once to extend the lock; false when it is not held. With `rewrite`, the keys
+    /// are given the claim's value (its metadata changed).
+    pub(crate) async fn refresh(
+        &self,
+        claim: &Claim<'_>,
+        rewrite: bool,
+    ) -> (Result<bool>, Stragglers) {
         match self {
             Self::Single(store) => {
-                let refreshed = store.refresh(claim, false).await;
+                let refreshed = store.refresh(claim, false, rewrite).await;
                 (refreshed.map(|r| r.ours().is_some()), Vec::new())
             }
-            Self::Quorum(quorum) => Box::pin(quorum.refresh(claim)).await,
+            Self::Quorum(quorum) => Box::pin(quorum.refresh(claim, rewrite)).await,
         }
     }
 

@@ -531,7 +531,7 @@ where
         if self.inner.cluster {
             crate::slots::check_one_slot(&keys, None)?;
         }
-        let value = owner.value(&options.metadata);
+        let value = owner.value(options.metadata_to_store());
         let claim = Claim {
             keys: &keys,
             owner: &owner,
@@ -556,7 +556,7 @@ where
             keys,
             modes,
             owner,
-            metadata: options.metadata.clone(),
+            metadata: options.metadata_to_store().to_owned(),
             ttl,
             fence: None,
             valid_until: sent.checked_add(valid_for).unwrap_or(sent),
@@ -640,7 +640,7 @@ where
             keys,
             modes,
             owner: won.owner,
-            metadata: options.metadata.clone(),
+            metadata: options.metadata_to_store().to_owned(),
             ttl: won.ttl,
             fence: won.fence,
             valid_until: won.valid_until,
@@ -672,7 +672,7 @@ where
             client: self,
             keys,
             custom: custom.as_ref(),
-            metadata: &options.metadata,
+            metadata: options.metadata_to_store(),
             ttl,
             counter: counter.as_deref(),
             modes: modes.as_ref(),

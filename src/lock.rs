@@ -1,5 +1,6 @@
 //! A held lock: its keys and token, and the operations only its owner may perform.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -36,7 +37,8 @@ pub struct Lock<C> {
     /// Each key's mode, unless every key is exclusive.
     modes: Option<Modes>,
     owner: Owner,
-    metadata: String,
+    /// Replaced by a refresh that changes it.
+    metadata: Mutex<String>,
     ttl: Ttl,
     fence: Option<u64>,
     validity: Mutex<Validity>,
@@ -140,7 +142,7 @@ where
             keys: obtained.keys,
             modes: obtained.modes,
             owner: obtained.owner,
-            metadata: obtained.metadata,
+            metadata: Mutex::new(obtained.metadata),
             ttl: obtained.ttl,
             fence: obtained.fence,
             validity: Mutex::new(Validity {
@@ -179,9 +181,20 @@ where
         self.owner.token()
     }
 
-    /// The metadata stored with the lock.
-    pub fn metadata(&self) -> &str {
-        &self.metadata
+    /// The metadata stored with the lock: as obtained, or as the last successful refresh
+    /// that changed it ([`Options::metadata`]) left it.
+    pub fn metadata(&self) -> String {
+        self.stored_metadata().clone()
+    }
+
+    fn stored_metadata(&self) -> MutexGuard<'_, String> {
+        // A plain value: a panic while holding the lock cannot corrupt it.
+        self.metadata.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The lock's value: its owner tag followed by its metadata.
+    fn value(&self) -> Cow<'_, str> {
+        self.owner.value(&self.stored_metadata())
     }
 
     /// The fencing token minted when this lock was obtained, if
@@ -298,7 +311,7 @@ where
     }
 
     async fn ttl_once(&self, sent: Instant) -> Result<Option<Duration>> {
-        let value = self.owner.value(&self.metadata);
+        let value = self.value();
         let claim = self.claim(&value, self.ttl);
         let Some(left) = self.shared.backend().pttl(&claim).await? else {
             self.found_lost("a TTL query found its keys gone or taken over");
@@ -319,6 +332,7 @@ where
 
     /// Extends every key of the lock to `ttl`, only if every key is still ours. The
     /// validity then counts from when this refresh was sent: a shorter TTL shortens it.
+    /// With [`Options::metadata`], the keys' metadata is replaced in the same step.
     ///
     /// A lock whose validity has run out is not refreshed (nothing is sent): it may have
     /// been someone else's in between.
@@ -341,7 +355,7 @@ where
             &mut Waiter::sleeping(),
             &mut watch,
             |_, _| async move {
-                match self.refresh_once(ttl).await {
+                match self.refresh_once(ttl, options.metadata.as_deref()).await {
                     Ok(true) => Step::Done(()),
                     Ok(false) => Step::Stop(Error::NotObtained),
                     Err(err) => Step::from_error(err),
@@ -354,8 +368,9 @@ where
         refreshed
     }
 
-    /// One refresh attempt; keeps the validity up to date.
-    pub(crate) async fn refresh_once(&self, ttl: Ttl) -> Result<bool> {
+    /// One refresh attempt, storing `metadata` when given and different; keeps the validity
+    /// (and the metadata) up to date.
+    pub(crate) async fn refresh_once(&self, ttl: Ttl, metadata: Option<&str>) -> Result<bool> {
         let sent = Instant::now();
         let until = self.valid_for(sent, ttl.duration);
         let seq = {
@@ -366,12 +381,21 @@ where
             }
             validity.sending(until)
         };
-        let value = self.owner.value(&self.metadata);
+        let new = metadata.filter(|new| *new != *self.stored_metadata());
+        let value = match new {
+            Some(new) => self.owner.value(new),
+            None => self.value(),
+        };
         let claim = self.claim(&value, ttl);
-        let (refreshed, stragglers) = self.shared.backend().refresh(&claim).await;
+        let (refreshed, stragglers) = self.shared.backend().refresh(&claim, new.is_some()).await;
         self.keep(stragglers);
         match &refreshed {
-            Ok(true) => self.validity().confirmed(seq, until),
+            Ok(true) => {
+                self.validity().confirmed(seq, until);
+                if let Some(new) = new {
+                    *self.stored_metadata() = new.to_owned();
+                }
+            }
             Ok(false) => self.found_lost("a refresh found its keys gone or taken over"),
             // It may have run (on some masters): the cap taken when sending stays.
             Err(_) => {}
@@ -401,7 +425,7 @@ where
     async fn release_once(&self, start: Instant) -> Result<()> {
         self.validity().lost_at(start);
         self.settle().await;
-        let value = self.owner.value(&self.metadata);
+        let value = self.value();
         let claim = self.claim(&value, self.ttl);
         let events = self.shared.events();
         // A payload names the release when a local waiter is handed the lock (its
@@ -452,7 +476,10 @@ where
     pub(crate) async fn refresh_with_own_ttl(&self) -> Result<bool> {
         let start = Instant::now();
         let span = op_span!("lockset.refresh", &self.keys);
-        let refreshed = self.refresh_once(self.ttl).instrument(span.clone()).await;
+        let refreshed = self
+            .refresh_once(self.ttl, None)
+            .instrument(span.clone())
+            .await;
         match &refreshed {
             Ok(false) => finished(&span, 1, start, &Err::<(), _>(Error::NotObtained)),
             done => finished(&span, 1, start, done),
@@ -488,7 +515,10 @@ impl<C> fmt::Debug for Lock<C> {
         f.debug_struct("Lock")
             .field("keys", &self.keys)
             .field("token", &"<redacted>")
-            .field("metadata", &self.metadata)
+            .field(
+                "metadata",
+                &*self.metadata.lock().unwrap_or_else(PoisonError::into_inner),
+            )
             .field("ttl", &self.ttl.duration)
             .field("fencing_token", &self.fence)
             .finish_non_exhaustive()

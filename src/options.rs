@@ -35,7 +35,8 @@ enum Limit {
 #[derive(Clone, Default)]
 pub struct Options {
     pub(crate) retry: Retry,
-    pub(crate) metadata: String,
+    /// `None` until set: a refresh then keeps the lock's metadata.
+    pub(crate) metadata: Option<String>,
     pub(crate) token: Option<String>,
     pub(crate) fencing: Option<Fencing>,
     pub(crate) watchdog_interval: Option<Duration>,
@@ -65,9 +66,26 @@ impl Options {
 
     /// Metadata stored with the lock (after the token) and returned by
     /// [`Lock::metadata`](crate::Lock::metadata). Defaults to empty.
+    ///
+    /// Given to [`Lock::refresh`](crate::Lock::refresh), it replaces the metadata stored
+    /// with the lock, in the same atomic step as the refresh (and only if the refresh
+    /// succeeds). Not given, a refresh keeps the metadata, and sends nothing more than the
+    /// lock's value.
+    ///
+    /// ```no_run
+    /// # async fn demo(lock: lockset::Lock<lockset::redis::aio::ConnectionManager>) -> Result<(), lockset::Error> {
+    /// use std::time::Duration;
+    /// use lockset::Options;
+    ///
+    /// let progress = Options::default().metadata("worker-7: step 3 of 5");
+    /// lock.refresh(Duration::from_secs(30), &progress).await?;
+    /// assert_eq!(lock.metadata(), "worker-7: step 3 of 5");
+    /// # Ok(())
+    /// # }
+    /// ```
     #[must_use]
     pub fn metadata(mut self, metadata: impl Into<String>) -> Self {
-        self.metadata = metadata.into();
+        self.metadata = Some(metadata.into());
         self
     }
 
@@ -190,6 +208,11 @@ impl Options {
     pub fn waiter_lease(mut self, lease: Duration) -> Self {
         self.waiter_lease = Some(lease);
         self
+    }
+
+    /// The metadata an obtain stores: empty unless set.
+    pub(crate) fn metadata_to_store(&self) -> &str {
+        self.metadata.as_deref().unwrap_or_default()
     }
 
     /// When a call that started at `start` must stop retrying; `None` when that lies

@@ -289,20 +289,24 @@ where
         }
     }
 
-    /// Tries once to extend the lock on a majority. `Ok(false)` when a majority says the
-    /// lock is not held there. Masters that lost the keys get them back once a majority
-    /// confirmed it still holds the lock.
-    pub(crate) async fn refresh(&self, claim: &Claim<'_>) -> (Result<bool>, Stragglers) {
+    /// Tries once to extend the lock on a majority (giving the keys the claim's value, with
+    /// `rewrite`). `Ok(false)` when a majority says the lock is not held there. Masters that
+    /// lost the keys get them back once a majority confirmed it still holds the lock.
+    pub(crate) async fn refresh(
+        &self,
+        claim: &Claim<'_>,
+        rewrite: bool,
+    ) -> (Result<bool>, Stragglers) {
         let start = Instant::now();
         let limit = self.node_timeout(claim.ttl.duration);
         let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
             let claim = claim.claim();
-            let answer = timeout(limit, store.refresh(&claim, false)).await;
+            let answer = timeout(limit, store.refresh(&claim, false, rewrite)).await;
             let missing = matches!(answer, Ok(Ok(Holding::Missing)));
             let vote = Vote::from_answer(answer, limit);
             let _ = votes.send(vote);
             if missing && verdict.wait().await == Verdict::Success {
-                let _ = timeout(limit, store.refresh(&claim, true)).await;
+                let _ = timeout(limit, store.refresh(&claim, true, rewrite)).await;
             }
         });
         let needed = self.needed(claim);

@@ -373,18 +373,31 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
     /// Extends every key to the claim's TTL, only if every key is ours. With `restore`,
     /// missing keys are re-created with the claim's value (Redlock, once a majority is known
-    /// to hold the lock, on a master that restarted empty). When writes are replicated, an
-    /// extension too few replicas acknowledged fails with [`Error::NotReplicated`]: it may
-    /// have run on the primary, but a failover could undo it.
-    pub(crate) async fn refresh(&self, claim: &Claim<'_>, restore: bool) -> Result<Holding<()>> {
+    /// to hold the lock, on a master that restarted empty). With `rewrite`, the keys are
+    /// given the claim's value (the metadata changed); without, the values stay as they are.
+    /// When writes are replicated, an extension too few replicas acknowledged fails with
+    /// [`Error::NotReplicated`]: it may have run on the primary, but a failover could undo
+    /// it.
+    pub(crate) async fn refresh(
+        &self,
+        claim: &Claim<'_>,
+        restore: bool,
+        rewrite: bool,
+    ) -> Result<Holding<()>> {
+        // The rewrite flag goes only with a rewrite: the common path has one argument less.
+        let rewrite = rewrite.then_some(1);
         let (done, acks): (i64, _) = match claim.modes {
             Some(modes) => {
-                let rest = (claim.ttl.millis, u8::from(restore));
+                let rest = (claim.ttl.millis, u8::from(restore), rewrite);
                 let args = mode_args("refresh", modes, claim, rest);
                 self.write(&scripts::MODES, claim.keys, None, args).await?
             }
             None => {
-                let args = (claim.value, claim.ttl.millis, restore.then_some(1));
+                let restore = match rewrite {
+                    Some(_) => Some(u8::from(restore)),
+                    None => restore.then_some(1),
+                };
+                let args = (claim.value, claim.ttl.millis, restore, rewrite);
                 self.write(&scripts::REFRESH, claim.keys, None, args)
                     .await?
             }

@@ -19,7 +19,21 @@ const HANG: Duration = Duration::from_secs(60);
 
 /// A `lockset` process for `urls`, with no Redis settings from the environment.
 fn lockset(urls: &[String]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_lockset"));
+    lockset_via(&[], urls)
+}
+
+/// [`lockset`] started by `wrapper` (`nohup`, or a shell that sets something up and execs
+/// its arguments), which gets the path of `lockset` and its arguments after its own.
+fn lockset_via(wrapper: &[&str], urls: &[String]) -> Command {
+    let lockset = env!("CARGO_BIN_EXE_lockset");
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(lockset);
+            command
+        }
+        None => Command::new(lockset),
+    };
     command
         .env_remove("LOCKSET_REDIS")
         .env_remove("REDIS_URL")
@@ -257,7 +271,8 @@ fn a_waiting_run_starts_as_soon_as_the_holder_releases() {
     );
     // Not a terminal: the waiting line is a log line, and only with -v.
     assert!(
-        out.stderr.contains("waiting for \"job\" (held by first"),
+        out.stderr
+            .contains("waiting for \"job\" (held by \"first\""),
         "{out:?}"
     );
 }
@@ -293,7 +308,7 @@ fn a_wait_on_a_terminal_shows_a_spinner_and_clears_it_before_the_command_runs() 
     assert_eq!(out.code, Some(0), "{out:?}");
     let waiting = out
         .stdout
-        .find("waiting for \"job\" (held by first, ")
+        .find("waiting for \"job\" (held by \"first\", ")
         .unwrap_or_else(|| panic!("no waiting line on the terminal: {out:?}"));
     let ran = out.stdout.find("ran").expect("the command ran");
     // A spinner redraws its line in place, and clears it before the command's output.
@@ -565,7 +580,7 @@ fn acquire_refresh_release_and_status_round_trip() {
     let out = finish(lockset(&urls).args(["status", "db", "free"]));
     assert_eq!(out.code, Some(0), "{out:?}");
     assert!(
-        out.stdout.contains("\"db\" is held by deploy-42"),
+        out.stdout.contains("\"db\" is held by \"deploy-42\""),
         "{out:?}"
     );
     assert!(out.stdout.contains("\"free\" is free"), "{out:?}");
@@ -728,6 +743,8 @@ fn bad_input_exits_64_with_usage_and_sends_nothing() {
     let urls = [url.clone()];
     let quorum = [url.clone(), url.clone(), url.clone()];
     let not_redis = ["http://not-redis/".to_owned()];
+    let empty = [String::new()];
+    let with_empty = [url.clone(), String::new()];
     let cases: Vec<(&[String], Vec<&str>)> = vec![
         (&urls, vec![]),
         (&urls, vec!["frobnicate"]),
@@ -762,9 +779,18 @@ fn bad_input_exits_64_with_usage_and_sends_nothing() {
         ),
         (&quorum, vec!["run", "--fencing", "a", "--", "true"]),
         (&not_redis, vec!["run", "a", "--", "true"]),
+        (
+            &urls,
+            vec!["run", "--conflict-exit-code", "-1", "a", "--", "true"],
+        ),
+        // An empty URL is a mistake (an unset variable), not a wish for the default.
+        (&empty, vec!["run", "a", "--", "true"]),
+        (&empty, vec!["status", "a"]),
+        (&with_empty, vec!["status", "a"]),
     ];
     for (urls, args) in cases {
-        let out = finish(lockset(urls).args(&args));
+        // Where a fallback to REDIS_URL would go.
+        let out = finish(lockset(urls).env("REDIS_URL", &url).args(&args));
         assert_eq!(out.code, Some(64), "{args:?}: {out:?}");
         assert!(out.stderr.contains("error:"), "{args:?}: {out:?}");
         assert!(
@@ -830,6 +856,9 @@ fn every_help_page_is_complete_on_its_own() {
         "kill -9",
         "LOCKSET_KEYS",
         "LOCKSET_FENCING_TOKEN",
+        "LOCKSET_KEYS_JSON",
+        "SIGTSTP",
+        "--key",
         "--kill-after",
         "--conflict-exit-code",
         "--wait",
@@ -876,4 +905,553 @@ fn a_quorum_command_leaves_its_work_done_on_a_slow_master_before_it_exits() {
     assert_eq!(out.code, Some(0), "{out:?}");
     let held: Vec<bool> = servers.iter().map(|s| exists(&s.url(), "job")).collect();
     assert_eq!(held, [false; 3], "release removed it from every master");
+}
+
+/// A process's state letter from `/proc/PID/stat`: `T` when stopped.
+fn state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .unwrap_or('?')
+}
+
+/// Whether a process is stopped, or will be before it runs its own code again: one in
+/// uninterruptible sleep (dash waiting for a child it vforked, say) stops as it wakes.
+fn stopped(pid: u32) -> bool {
+    matches!(state(pid), 'T' | 'D')
+}
+
+/// Lines in a scratch file (0 when missing).
+fn lines(scratch: &Scratch, name: &str) -> usize {
+    scratch.read(name).map_or(0, |text| text.lines().count())
+}
+
+/// A command that appends a line to `tick` every 50 ms, `count` times (for ever with 0),
+/// after writing its pid to `pid`.
+fn ticking(scratch: &Scratch, count: u32) -> String {
+    let more = match count {
+        0 => "true".to_owned(),
+        n => format!("[ $i -lt {n} ]"),
+    };
+    format!(
+        "echo $$ > {pid}; i=0; while {more}; do echo $i >> {tick}; i=$((i + 1)); sleep 0.05; done",
+        pid = scratch.path("pid"),
+        tick = scratch.path("tick"),
+    )
+}
+
+/// The pid the command of [`ticking`] wrote.
+fn ticking_pid(scratch: &Scratch) -> u32 {
+    eventually("the command wrote its pid", || {
+        scratch.read("pid").is_some_and(|pid| pid.ends_with('\n'))
+    });
+    let pid = scratch.read("pid").expect("pid");
+    pid.trim().parse().expect("a pid")
+}
+
+#[test]
+fn ctrl_z_stops_the_command_with_lockset_and_a_lock_lost_meanwhile_never_lets_it_run_again() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let scratch = Scratch::new("ctrl-z-lost");
+    let run = lockset(&urls)
+        .args([
+            "run",
+            "--ttl",
+            "2s",
+            "--kill-after",
+            "30s",
+            "job",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(ticking(&scratch, 0))
+        .spawn()
+        .expect("start lockset");
+    let command = ticking_pid(&scratch);
+    eventually("the command ticks", || lines(&scratch, "tick") >= 3);
+
+    // Ctrl-Z sends SIGTSTP to the terminal's foreground group: lockset's.
+    signal(run.id(), "TSTP");
+    eventually("lockset is stopped", || state(run.id()) == 'T');
+    assert!(stopped(command), "the command was stopped before lockset");
+    let ticks = lines(&scratch, "tick");
+
+    // Nothing refreshes the lock now: it expires, and someone else may take it.
+    eventually("the lock expired", || !exists(&urls[0], "job"));
+    let other = finish(lockset(&urls).args(["run", "job", "--", "true"]));
+    assert_eq!(
+        other.code,
+        Some(0),
+        "another run holds it meanwhile: {other:?}"
+    );
+    assert_eq!(
+        lines(&scratch, "tick"),
+        ticks,
+        "the command ran while stopped"
+    );
+
+    // `fg`: lockset finds the lock lost before letting the command go on.
+    let continued = Instant::now();
+    signal(run.id(), "CONT");
+    let out = wait(run, continued);
+    assert_eq!(out.code, Some(70), "{out:?}");
+    for part in [
+        "lock lost while lockset and the command were stopped",
+        "\"job\"",
+    ] {
+        assert!(out.stderr.contains(part), "{part} in {out:?}");
+    }
+    // SIGTERM ended it (a stopped shell dies of it as it is continued), not SIGKILL.
+    assert!(out.took < Duration::from_secs(20), "{out:?}");
+    assert!(!out.stderr.contains("SIGKILL"), "{out:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        lines(&scratch, "tick"),
+        ticks,
+        "the command ran after the lock's validity ran out"
+    );
+}
+
+#[test]
+fn a_stop_signal_then_sigcont_within_the_ttl_refreshes_and_continues_the_command() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    // Ctrl-Z; a read from, or (with `stty tostop`) a write to, the terminal in the background.
+    for name in ["TSTP", "TTIN", "TTOU"] {
+        let scratch = Scratch::new(&format!("stop-valid-{name}"));
+        let start = Instant::now();
+        let run = lockset(&urls)
+            .args(["run", "--ttl", "6s", "job", "--", "sh", "-c"])
+            .arg(ticking(&scratch, 30))
+            .spawn()
+            .expect("start lockset");
+        let command = ticking_pid(&scratch);
+        eventually("the command ticks", || lines(&scratch, "tick") >= 3);
+
+        signal(run.id(), name);
+        eventually("lockset is stopped", || state(run.id()) == 'T');
+        assert!(
+            stopped(command),
+            "{name}: the command was stopped before lockset"
+        );
+        let ticks = lines(&scratch, "tick");
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(
+            lines(&scratch, "tick"),
+            ticks,
+            "{name}: the command ran while stopped"
+        );
+        let left = || -> i64 {
+            redis::cmd("PTTL")
+                .arg("job")
+                .query(&mut raw(&urls[0]))
+                .expect("PTTL")
+        };
+        let before = left();
+        assert!(before > 0, "{name}: still held: {before}");
+
+        // `fg` or `bg`.
+        signal(run.id(), "CONT");
+        eventually("the command goes on", || lines(&scratch, "tick") > ticks);
+        assert!(left() > before, "{name}: refreshed on the way back");
+        let out = wait(run, start);
+        assert_eq!(out.code, Some(0), "{name}: {out:?}");
+        assert_eq!(lines(&scratch, "tick"), 30, "{name}: {out:?}");
+        assert!(!exists(&urls[0], "job"), "{name}: released");
+    }
+}
+
+#[test]
+fn ctrl_z_while_waiting_stops_lockset_and_fg_goes_on_waiting() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let token = acquire(&urls, &["--ttl", "60s", "--metadata", "first", "job"]);
+    let start = Instant::now();
+    let waiting = lockset(&urls)
+        .args(["run", "--wait", "50s", "job", "--", "echo", "ran"])
+        .spawn()
+        .expect("start lockset");
+    std::thread::sleep(Duration::from_millis(500));
+    signal(waiting.id(), "TSTP");
+    eventually("lockset is stopped", || state(waiting.id()) == 'T');
+    let out = finish(lockset(&urls).args(["release", "--token", &token, "job"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    // (A fair waiter may be handed the lock meanwhile, for what is left of its lease.)
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(state(waiting.id()), 'T', "still stopped");
+    signal(waiting.id(), "CONT");
+    let out = wait(waiting, start);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "ran\n"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn sigstop_cannot_be_caught_but_lockset_ends_the_command_once_continued() {
+    // Like `kill -9`, `kill -STOP` of lockset alone is not covered: the command goes on while
+    // nothing refreshes the lock (the README says so). Once continued, lockset finds the
+    // lock lost and ends the command at once.
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let scratch = Scratch::new("sigstop");
+    let run = lockset(&urls)
+        .args(["run", "--ttl", "2s", "job", "--", "sh", "-c"])
+        .arg(ticking(&scratch, 0))
+        .spawn()
+        .expect("start lockset");
+    let command = ticking_pid(&scratch);
+    eventually("the command ticks", || lines(&scratch, "tick") >= 3);
+    signal(run.id(), "STOP");
+    eventually("lockset is stopped", || state(run.id()) == 'T');
+    eventually("the lock expired", || !exists(&urls[0], "job"));
+    assert_ne!(state(command), 'T', "only lockset was stopped");
+    let continued = Instant::now();
+    signal(run.id(), "CONT");
+    let out = wait(run, continued);
+    assert_eq!(out.code, Some(70), "{out:?}");
+    assert!(out.took < Duration::from_secs(20), "{out:?}");
+    let ticks = lines(&scratch, "tick");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lines(&scratch, "tick"), ticks, "the command was ended");
+}
+
+#[test]
+fn a_command_that_stops_itself_is_noticed_and_a_forwarded_signal_still_ends_it() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let scratch = Scratch::new("self-stop");
+    for (name, code) in [("TERM", 143), ("INT", 130), ("HUP", 129)] {
+        let stderr = std::fs::File::create(scratch.path("stderr")).expect("stderr file");
+        let start = Instant::now();
+        // A command that reads the terminal from the background is stopped the same way
+        // (SIGTTIN), without a word.
+        let run = lockset(&urls)
+            .args(["run", "job", "--", "sh", "-c", "kill -STOP $$; echo ran on"])
+            .stderr(stderr)
+            .spawn()
+            .expect("start lockset");
+        eventually("lockset says the command is stopped", || {
+            scratch
+                .read("stderr")
+                .is_some_and(|said| said.contains("the command is stopped by SIGSTOP"))
+        });
+        assert!(exists(&urls[0], "job"), "held while the command is stopped");
+        let signalled = Instant::now();
+        signal(run.id(), name);
+        let out = wait(run, start);
+        assert_eq!(out.code, Some(code), "{name}: {out:?}");
+        assert_eq!(out.stdout, "", "{name}: it died of the signal: {out:?}");
+        assert!(
+            signalled.elapsed() < Duration::from_secs(10),
+            "{name}: ended at once"
+        );
+        assert!(!exists(&urls[0], "job"), "{name}: released");
+    }
+}
+
+#[test]
+fn signals_ignored_when_lockset_starts_stay_ignored_for_it_and_the_command() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    // nohup: SIGHUP ignored. The command outlives a hang-up, and finishes its work.
+    let start = Instant::now();
+    let run = lockset_via(&["nohup"], &urls)
+        .args(["run", "job", "--", "sh", "-c", "sleep 1.5; echo done"])
+        .spawn()
+        .expect("start nohup lockset");
+    eventually("the lock is held", || exists(&urls[0], "job"));
+    signal(run.id(), "HUP");
+    let out = wait(run, start);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "done\n"),
+        "{out:?}"
+    );
+
+    // A background job of a script: SIGINT ignored, for lockset and for the command (a
+    // shell cannot catch a signal ignored when it started, and does not die of it).
+    let start = Instant::now();
+    let run = lockset_via(&["sh", "-c", "trap '' INT; exec \"$0\" \"$@\""], &urls)
+        .args(["run", "job", "--", "sh", "-c"])
+        .arg("sleep 1.5; kill -INT $$; echo alive")
+        .spawn()
+        .expect("start lockset with SIGINT ignored");
+    eventually("the lock is held", || exists(&urls[0], "job"));
+    signal(run.id(), "INT");
+    let out = wait(run, start);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "alive\n"),
+        "{out:?}"
+    );
+    assert!(!exists(&urls[0], "job"), "released");
+}
+
+#[test]
+fn a_background_run_under_stty_tostop_still_says_what_it_must_and_ends_on_a_signal() {
+    // In the background of a terminal with `stty tostop`, a write to the terminal raises
+    // SIGTTOU. lockset's own message about the stopped command must neither stop it alone
+    // nor make it spin in the write, deaf to signals, while nothing refreshes the lock.
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let shown = format!(
+        "sh -c 'set -m; stty tostop; {lockset} --redis {url} run job -- sh -c \"kill -STOP \\$\\$\" & \
+         sleep 1.5; kill -TERM $!; wait $!; echo exit $?'",
+        lockset = env!("CARGO_BIN_EXE_lockset"),
+        url = urls[0],
+    );
+    let out = finish(
+        Command::new("script")
+            .args(["-qfec", &shown, "/dev/null"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("the command is stopped by SIGSTOP"),
+        "{out:?}"
+    );
+    assert!(out.stdout.contains("exit 143"), "{out:?}");
+    assert!(out.took < Duration::from_secs(20), "{out:?}");
+    assert!(!exists(&urls[0], "job"), "released");
+}
+
+#[test]
+fn refresh_with_metadata_replaces_it_on_every_topology() {
+    let single = RedisServer::start();
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let cluster = Cluster::start();
+    let topologies: Vec<(Vec<String>, bool)> = vec![
+        (vec![single.url()], false),
+        (masters.iter().map(RedisServer::url).collect(), false),
+        (cluster.urls(), true),
+    ];
+    for (urls, on_cluster) in topologies {
+        let command = |args: &[&str]| {
+            let mut command = lockset(&urls);
+            if on_cluster {
+                command.arg("--cluster");
+            }
+            command.args(args);
+            command
+        };
+        let out = finish(&mut command(&[
+            "acquire",
+            "--metadata",
+            "before",
+            "{j}:a",
+            "{j}:b",
+        ]));
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let token = out.stdout.trim().to_owned();
+        let out = finish(&mut command(&[
+            "refresh",
+            "--token",
+            &token,
+            "--metadata",
+            "after",
+            "{j}:a",
+            "{j}:b",
+        ]));
+        assert_eq!(out.code, Some(0), "{urls:?}: {out:?}");
+        let out = finish(&mut command(&["status", "--json", "{j}:a", "{j}:b"]));
+        let status: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+        for key in status["keys"].as_array().expect("keys") {
+            assert_eq!(key["metadata"], "after", "{urls:?}: {status}");
+            assert_eq!(key["held_on"], key["nodes"], "{urls:?}: {status}");
+        }
+        // Without --metadata, a refresh keeps it.
+        let out = finish(&mut command(&[
+            "refresh", "--token", &token, "{j}:a", "{j}:b",
+        ]));
+        assert_eq!(out.code, Some(0), "{urls:?}: {out:?}");
+        let out = finish(&mut command(&["status", "--json", "{j}:a"]));
+        let status: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+        assert_eq!(status["keys"][0]["metadata"], "after", "{urls:?}: {status}");
+        let out = finish(&mut command(&[
+            "release", "--token", &token, "{j}:a", "{j}:b",
+        ]));
+        assert_eq!(out.code, Some(0), "{urls:?}: {out:?}");
+    }
+}
+
+#[test]
+fn a_redlock_loss_says_lost_on_a_majority_or_names_the_other_holder_never_itself() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    for (intruder, says) in [(None, "majority"), (Some("5:otherintruder"), "intruder")] {
+        let run = lockset(&urls)
+            .args(["run", "--ttl", "3s", "--metadata", "this-run", "job", "--"])
+            .args(["sleep", "60"])
+            .spawn()
+            .expect("start lockset");
+        eventually("the lock is on every master", || {
+            urls.iter().all(|url| exists(url, "job"))
+        });
+        let taken = Instant::now();
+        for url in &urls[..2] {
+            match intruder {
+                None => command_on(url, &["DEL", "job"]),
+                Some(value) => command_on(url, &["SET", "job", value, "EX", "60"]),
+            };
+        }
+        let out = wait(run, taken);
+        assert_eq!(out.code, Some(70), "{out:?}");
+        let said = out
+            .stderr
+            .lines()
+            .find(|line| line.starts_with("lockset: lock lost"))
+            .unwrap_or_else(|| panic!("no loss line: {out:?}"));
+        assert!(said.contains(says), "{says} in {said}");
+        assert!(!said.contains("this-run"), "never itself: {said}");
+        if intruder.is_none() {
+            assert!(!said.contains("taken over"), "{said}");
+        }
+        for url in &urls {
+            command_on(url, &["DEL", "job"]);
+        }
+    }
+}
+
+#[test]
+fn conflict_exit_codes_out_of_range_say_so() {
+    let out = finish(lockset(&[]).args(["run", "--conflict-exit-code", "-1", "a", "--", "true"]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(out.stderr.contains("0 to 255"), "{out:?}");
+}
+
+#[test]
+fn metadata_is_quoted_wherever_it_is_shown() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    // Escape sequences, a carriage return and a line break: none may reach the terminal.
+    let metadata = "evil\x1b[2J\r\nforged line";
+    acquire(&urls, &["--ttl", "60s", "--metadata", metadata, "job"]);
+    let quoted = r#"held by "evil\u{1b}[2J\r\nforged line""#;
+    let out = finish(lockset(&urls).args(["status", "job"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 1, "{out:?}");
+    assert!(out.stdout.contains(quoted), "{out:?}");
+    assert!(
+        !out.stdout.contains('\x1b') && !out.stdout.contains('\r'),
+        "{out:?}"
+    );
+    let out = finish(lockset(&urls).args(["run", "job", "--", "true"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+    assert!(out.stderr.contains(quoted), "{out:?}");
+    let out = finish(lockset(&urls).args(["run", "-v", "--wait", "1s", "job", "--", "true"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(
+        !out.stderr.contains('\x1b') && !out.stderr.contains('\r'),
+        "{out:?}"
+    );
+    // JSON escapes it its own way.
+    let status = status_json(&urls, &["job"]);
+    assert_eq!(status["keys"][0]["metadata"], metadata, "{status}");
+}
+
+#[test]
+fn refresh_and_release_of_a_key_of_another_type_exit_65() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    command_on(&urls[0], &["LPUSH", "job", "x"]);
+    command_on(&urls[0], &["HSET", "other", "f", "v"]);
+    for op in ["refresh", "release"] {
+        let out = finish(lockset(&urls).args([op, "--token", "t", "job", "other"]));
+        assert_eq!(out.code, Some(65), "{op}: {out:?}");
+        assert!(out.stderr.contains("list"), "{op}: {out:?}");
+    }
+}
+
+#[test]
+fn a_database_out_of_range_is_bad_usage() {
+    let server = RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}/99", server.port());
+    for args in [vec!["run", "a", "--", "true"], vec!["status", "a"]] {
+        let out = finish(lockset(std::slice::from_ref(&url)).args(&args));
+        assert_eq!(out.code, Some(64), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("99"), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn a_cluster_node_without_cluster_says_to_use_it() {
+    let cluster = Cluster::start();
+    let first = cluster.urls()[0].clone();
+    // A key whose slot another node serves.
+    let key = (0..100)
+        .map(|i| format!("job{i}"))
+        .find(|key| cluster.owner_of(cluster.keyslot(key)) != 0)
+        .expect("a key elsewhere");
+    for args in [
+        vec!["run", key.as_str(), "--", "true"],
+        vec!["acquire", key.as_str()],
+        vec!["status", key.as_str()],
+    ] {
+        let out = finish(lockset(std::slice::from_ref(&first)).args(&args));
+        assert_eq!(out.code, Some(69), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("--cluster"), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn a_key_that_starts_with_a_hyphen_can_be_run_with_key() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let print = "echo \"$LOCKSET_KEYS\"";
+    let out = finish(lockset(&urls).args(["run", "--key", "-k", "b", "--", "sh", "-c", print]));
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (Some(0), "-k b\n"),
+        "{out:?}"
+    );
+    let out = finish(lockset(&urls).args(["acquire", "--", "-k"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = finish(lockset(&urls).args(["run", "--key=-k", "--", "true"]));
+    assert_eq!(out.code, Some(75), "the same key: {out:?}");
+}
+
+#[test]
+fn the_usage_line_does_not_make_redis_look_required_when_the_environment_sets_it() {
+    let out = finish(
+        lockset(&[])
+            .env("LOCKSET_REDIS", "redis://127.0.0.1:1/")
+            .arg("run"),
+    );
+    assert_eq!(out.code, Some(64), "{out:?}");
+    let usage = out
+        .stderr
+        .lines()
+        .find(|line| line.starts_with("Usage:"))
+        .unwrap_or_else(|| panic!("no usage: {out:?}"));
+    assert!(!usage.contains("--redis <URL>"), "{usage}");
+}
+
+#[test]
+fn acquire_with_stdout_closed_fails_and_holds_nothing() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let out = finish(
+        lockset_via(&["sh", "-c", "exec \"$0\" \"$@\" >&-"], &urls).args(["acquire", "job"]),
+    );
+    assert_eq!(out.code, Some(71), "{out:?}");
+    assert!(out.stderr.contains("stdout"), "{out:?}");
+    assert!(!exists(&urls[0], "job"), "nobody could release it");
+}
+
+#[test]
+fn keys_with_spaces_reach_the_command_unambiguously_as_json() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let print = "echo \"$LOCKSET_KEYS_JSON\"";
+    let out = finish(lockset(&urls).args(["run", "a b", "c\"d", "--", "sh", "-c", print]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let keys: Vec<String> = serde_json::from_str(out.stdout.trim()).expect("a JSON array");
+    assert_eq!(keys, ["a b", "c\"d"]);
 }

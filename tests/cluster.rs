@@ -68,6 +68,28 @@ async fn locks_work_on_every_shard() {
 }
 
 #[tokio::test]
+async fn refresh_with_metadata_replaces_it_on_a_cluster() {
+    let cluster = Cluster::start();
+    let client = client(&cluster).await;
+    let keys = ["{m}:a", "{m}:b"];
+    let options = Options::default().metadata("old");
+    let lock = client
+        .obtain_multi(keys, ms(10_000), &options)
+        .await
+        .unwrap();
+    lock.refresh(ms(30_000), &Options::default().metadata("new"))
+        .await
+        .unwrap();
+    assert_eq!(lock.metadata(), "new");
+    let owner = cluster.owner_of(cluster.keyslot(keys[0]));
+    for key in keys {
+        let stored = cluster.cli(owner, &["GET", key]);
+        assert_eq!(stored.trim(), format!("22:{}new", lock.token()), "{key}");
+    }
+    lock.release().await.unwrap();
+}
+
+#[tokio::test]
 async fn keys_in_different_slots_are_refused_before_sending() {
     let cluster = Cluster::start();
     let client = client(&cluster).await;

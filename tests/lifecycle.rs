@@ -155,6 +155,47 @@ async fn refresh_extends_the_lock() {
 }
 
 #[tokio::test]
+async fn refresh_with_metadata_replaces_the_stored_metadata() {
+    let env = Env::start().await;
+    let lock = env
+        .client
+        .obtain_multi(["a", "b"], ms(10_000), &opts().metadata("old"))
+        .await
+        .unwrap();
+    let tag = format!("22:{}", lock.token());
+    lock.refresh(ms(60_000), &opts().metadata("new"))
+        .await
+        .unwrap();
+    assert_eq!(lock.metadata(), "new");
+    for key in ["a", "b"] {
+        assert_eq!(env.get(key).await, Some(format!("{tag}new")), "{key}");
+        let left: i64 = env.cmd(&["PTTL", key]).await;
+        assert!(left > 30_000, "{key} extended: {left}");
+    }
+    // Without metadata, a refresh keeps what is stored.
+    lock.refresh(ms(60_000), &opts()).await.unwrap();
+    assert_eq!(env.get("a").await, Some(format!("{tag}new")));
+    // A waiter's mark stays in front of the new value (the release must announce itself).
+    let marked = format!("!{tag}new");
+    let _: () = env.cmd(&["SET", "a", &marked, "PX", "60000"]).await;
+    lock.refresh(ms(60_000), &opts().metadata(""))
+        .await
+        .unwrap();
+    assert_eq!(lock.metadata(), "");
+    assert_eq!(env.get("a").await, Some(format!("!{tag}")));
+    assert_eq!(env.get("b").await, Some(tag.clone()));
+    // A refresh that fails changes nothing, metadata included.
+    let _: () = env.cmd(&["SET", "b", "5:otherx", "PX", "60000"]).await;
+    let err = lock
+        .refresh(ms(60_000), &opts().metadata("lost"))
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    assert_eq!(env.get("a").await, Some(format!("!{tag}")));
+    assert_eq!(lock.metadata(), "");
+}
+
+#[tokio::test]
 async fn refresh_of_an_expired_lock_is_not_obtained() {
     let env = Env::start().await;
     let lock = env.client.obtain("job", ms(10_000), &opts()).await.unwrap();

@@ -148,6 +148,50 @@ async fn a_mixed_lock_takes_every_key_in_its_mode_or_none() {
 }
 
 #[tokio::test]
+async fn refresh_with_metadata_replaces_it_in_every_mode() {
+    let env = Env::start().await;
+    let keys = [("w", WRITE), ("r", READ), ("p", permits(2))];
+    let lock = env
+        .client
+        .obtain_multi(keys, ms(10_000), &once().metadata("old"))
+        .await
+        .unwrap();
+    // Another holder's share stays as it is.
+    let other = env
+        .client
+        .obtain(("r", READ), ms(10_000), &once().metadata("other"))
+        .await
+        .unwrap();
+    lock.refresh(ms(60_000), &once().metadata("new"))
+        .await
+        .unwrap();
+    assert_eq!(lock.metadata(), "new");
+    let tag = format!("22:{}", lock.token());
+    assert_eq!(env.get("w").await, Some(format!("{tag}new")));
+    for key in ["r", "p"] {
+        let members: Vec<String> = env.cmd(&["ZRANGE", key, "0", "-1"]).await;
+        assert!(members.contains(&format!("{tag}new")), "{key}: {members:?}");
+        assert!(
+            !members.contains(&format!("{tag}old")),
+            "{key}: {members:?}"
+        );
+        let score: f64 = env.cmd(&["ZSCORE", key, &format!("{tag}new")]).await;
+        let now: Vec<String> = env.cmd(&["TIME"]).await;
+        let now_ms = now[0].parse::<f64>().unwrap() * 1000.0;
+        assert!(score - now_ms > 30_000.0, "{key} extended");
+    }
+    let members: Vec<String> = env.cmd(&["ZRANGE", "r", "0", "-1"]).await;
+    assert!(
+        members.contains(&format!("22:{}other", other.token())),
+        "{members:?}"
+    );
+    assert!(lock.ttl().await.unwrap().unwrap() > ms(30_000));
+    lock.release().await.unwrap();
+    other.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0);
+}
+
+#[tokio::test]
 async fn storage_of_shared_and_counted_keys() {
     let env = Env::start().await;
     let lock = env

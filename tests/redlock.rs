@@ -221,6 +221,37 @@ async fn a_master_restarted_empty_is_re_established_by_refresh() {
 }
 
 #[tokio::test]
+async fn refresh_with_metadata_replaces_it_on_the_masters() {
+    let mut m = Masters::start(config()).await;
+    let lock = m
+        .redlock
+        .obtain_multi(
+            ["{r}:a", "{r}:b"],
+            ms(10_000),
+            &Options::default().metadata("old"),
+        )
+        .await
+        .unwrap();
+    m.spread(&lock).await;
+    // A master restarted empty gets the lock back with the new metadata.
+    m.servers[4].restart();
+    let new = Options::default()
+        .metadata("new")
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(10_000));
+    lock.refresh(ms(30_000), &new).await.unwrap();
+    assert_eq!(lock.metadata(), "new");
+    let value = format!("22:{}new", lock.token());
+    // (The restarted master's connection may fail once while it reconnects.)
+    support::eventually(ms(20_000), "the new metadata on every master", async || {
+        lock.refresh(ms(30_000), &new).await.unwrap();
+        m.holding(&["{r}:a", "{r}:b"], &value).await == 5
+    })
+    .await;
+    lock.release().await.unwrap();
+}
+
+#[tokio::test]
 async fn refresh_reports_loss_when_the_majority_is_gone() {
     let mut m = Masters::start(config()).await;
     let lock = m

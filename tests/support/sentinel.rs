@@ -211,6 +211,7 @@ impl Failover {
     pub async fn restore(&mut self, index: usize) {
         let primary = self.nodes[self.primary()].port();
         let port = self.nodes[index].port();
+        self.nodes[index].release_port();
         self.nodes[index] = start_replica(Some(port), primary, self.secured);
         self.wait_healthy().await;
     }
@@ -309,6 +310,14 @@ fn data_node_args(secured: bool) -> Vec<String> {
         }
     }
     args
+}
+
+impl Drop for Failover {
+    /// The sentinels go first: they would take over a server of another test that came up
+    /// on a port of this deployment's (making it a replica of theirs).
+    fn drop(&mut self) {
+        self.sentinels.clear();
+    }
 }
 
 /// How one replica of a deployment is set up.

@@ -21,6 +21,20 @@ pub struct RedisServer {
     port: u16,
     /// A private working folder (cluster nodes keep their node file there).
     dir: Option<PathBuf>,
+    /// Holds the port of a killed server (see [`RedisServer::kill`]).
+    reserved: Option<Reserved>,
+}
+
+/// A killed server's port, held by a socket that is bound but does not listen: a client
+/// that connects is refused, as by the dead server, yet no other server can start there.
+struct Reserved(#[allow(dead_code)] tokio::net::TcpSocket);
+
+impl Reserved {
+    fn hold(port: u16) -> Option<Self> {
+        let socket = tokio::net::TcpSocket::new_v4().ok()?;
+        socket.bind(([127, 0, 0, 1], port).into()).ok()?;
+        Some(Self(socket))
+    }
 }
 
 impl RedisServer {
@@ -156,7 +170,12 @@ impl RedisServer {
                      `apt-get update && apt-get install -y redis-server`"
                 )
             });
-        let mut server = Self { child, port, dir };
+        let mut server = Self {
+            child,
+            port,
+            dir,
+            reserved: None,
+        };
         server.wait_ready().then_some(server)
     }
 
@@ -207,9 +226,18 @@ impl RedisServer {
         assert!(status.success(), "kill -{name} failed");
     }
 
-    /// Kills the server at once (SIGKILL): nothing it has not sent on is kept.
+    /// Kills the server at once (SIGKILL): nothing it has not sent on is kept. Its port
+    /// stays taken until the server is dropped or [`RedisServer::release_port`] is called:
+    /// sentinels and cluster nodes that knew it keep trying it, and would take over any
+    /// other test's server that came up there (a sentinel makes it a replica of its own).
     pub fn kill(&mut self) {
         self.stop();
+        self.reserved = Reserved::hold(self.port);
+    }
+
+    /// Lets the port of a killed server go, to start another one on it.
+    pub fn release_port(&mut self) {
+        self.reserved = None;
     }
 
     /// Whether the server process still runs.

@@ -12,11 +12,13 @@ const AFTER_HELP: &str = "\
 Exit status:
   0      success (run: the command exited 0)
   1-125  run: the command's own exit status
-  64     bad usage or input (nothing was sent to Redis)
+  64     bad usage or input, --redis URLs included (nothing was locked)
   65     a key holds a value that is not a string (a list, a hash, ...)
   69     Redis unreachable, or it failed
-  70     the lock was lost (run: while the command ran; refresh/release: it is not ours)
-  71     a local system error (cannot catch signals, wait for the command, or print)
+  70     the lock was lost (run: while the command ran or was stopped; refresh/release:
+         it is not ours)
+  71     a local system error (cannot catch signals, wait for the command, or print;
+         acquire/status: stdout is closed)
   75     the lock is held by someone else (change with --conflict-exit-code)
   126    run: the command could not be executed
   127    run: the command was not found
@@ -93,7 +95,8 @@ pub(crate) enum Command {
         long_about = "Run a command while holding every KEY; release them when it exits.\n\n\
             Obtains all keys at once (all or nothing), waiting up to --wait for a holder to \
             let go. The command runs in its own process group with LOCKSET_KEYS (the keys, \
-            space-separated) and, with --fencing, LOCKSET_FENCING_TOKEN in its environment. \
+            space-separated), LOCKSET_KEYS_JSON (the keys as a JSON array, unambiguous for \
+            keys with spaces) and, with --fencing, LOCKSET_FENCING_TOKEN in its environment. \
             A watchdog refreshes the lock every third of --ttl while the command runs. When \
             the command exits, the lock is released and lockset exits with the command's \
             status (128+N when it died by signal N).\n\n\
@@ -102,13 +105,25 @@ pub(crate) enum Command {
             gets SIGTERM at once and SIGKILL after --kill-after, and lockset exits 70 saying \
             why.\n\n\
             SIGINT, SIGTERM and SIGHUP sent to lockset are forwarded to the command's process \
-            group; the lock is released once the command has exited. `kill -9` of lockset \
-            cannot be forwarded: the command keeps running, and the lock expires with its TTL \
-            (no later than --ttl after the last refresh).\n\n\
+            group, followed by SIGCONT so that a stopped command acts on them; the lock is \
+            released once the command has exited. A signal ignored when lockset starts \
+            (SIGHUP under nohup, SIGINT in a background job) stays ignored, for the command \
+            too.\n\n\
+            Job control: SIGTSTP (Ctrl-Z), SIGTTIN and SIGTTOU stop the command's process \
+            group, then lockset (nothing refreshes the lock while it is stopped). On SIGCONT \
+            (fg, bg) lockset refreshes the lock before the command goes on; if the lock was \
+            lost meanwhile, the command gets SIGTERM (and SIGCONT to act on it), SIGKILL \
+            after --kill-after, and lockset exits 70. A command that stops by itself (say, \
+            reading the terminal) is reported on stderr; it keeps the lock while stopped.\n\n\
+            `kill -9` and `kill -STOP` of lockset cannot be caught: the command keeps \
+            running, and the lock expires with its TTL (no later than --ttl after the last \
+            refresh); a lockset continued after SIGSTOP ends the command at once if the lock \
+            expired meanwhile. Use --fencing where that matters.\n\n\
             The command is not in the terminal's foreground process group: it cannot read \
             from the terminal (run interactive programs some other way).",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset run [OPTIONS] <KEY>... -- <COMMAND>...")]
     Run(RunArgs),
 
     /// Obtain every KEY and print the lock's token on stdout; the lock stays held until
@@ -121,6 +136,7 @@ pub(crate) enum Command {
             when the work takes longer. Keep the token secret: whoever has it owns the lock.",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset acquire [OPTIONS] <KEY>...")]
     Acquire(AcquireArgs),
 
     /// Extend a lock obtained with `acquire` to --ttl, if it is still held by TOKEN.
@@ -132,6 +148,7 @@ pub(crate) enum Command {
             --metadata is given.",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset refresh [OPTIONS] --token <TOKEN> <KEY>...")]
     Refresh(RefreshArgs),
 
     /// Release a lock obtained with `acquire`, if it is still held by TOKEN.
@@ -142,6 +159,7 @@ pub(crate) enum Command {
             over): nothing is deleted then.",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset release [OPTIONS] --token <TOKEN> <KEY>...")]
     Release(ReleaseArgs),
 
     /// Show whether each KEY is free or held: the holder's metadata and remaining TTL,
@@ -155,7 +173,19 @@ pub(crate) enum Command {
             held_on counts the Redlock masters holding the key (1 of 1 otherwise).",
         after_help = AFTER_HELP
     )]
+    #[command(override_usage = "lockset status [OPTIONS] <KEY>...")]
     Status(StatusArgs),
+}
+
+impl Command {
+    /// Puts `run --key` values before the KEY arguments: from then on, `keys` holds them all.
+    pub(crate) fn gather_keys(&mut self) {
+        if let Self::Run(run) = self {
+            let mut keys = std::mem::take(&mut run.key);
+            keys.append(&mut run.keys);
+            run.keys = keys;
+        }
+    }
 }
 
 /// Options of `run`.
@@ -170,8 +200,13 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration::non_negative, allow_hyphen_values = true)]
     pub(crate) kill_after: Duration,
 
+    /// A key to hold, also one that starts with '-' (`--key -k` or `--key=-k`); these come
+    /// before the KEY arguments. Repeat it for more.
+    #[arg(long = "key", value_name = "KEY", allow_hyphen_values = true)]
+    pub(crate) key: Vec<String>,
+
     /// The keys to hold: all of them, or none.
-    #[arg(value_name = "KEY", required = true)]
+    #[arg(value_name = "KEY", required_unless_present = "key")]
     pub(crate) keys: Vec<String>,
 
     /// The command to run and its arguments, after `--`.
@@ -214,7 +249,7 @@ pub(crate) struct ObtainArgs {
     pub(crate) fencing: bool,
 
     /// Exit with this status when the lock is held by someone else after --wait.
-    #[arg(long, value_name = "N", default_value_t = 75)]
+    #[arg(long, value_name = "N", default_value_t = 75, value_parser = exit_status, allow_hyphen_values = true)]
     pub(crate) conflict_exit_code: u8,
 }
 
@@ -260,6 +295,13 @@ pub(crate) struct StatusArgs {
     /// The keys to look at.
     #[arg(value_name = "KEY", required = true)]
     pub(crate) keys: Vec<String>,
+}
+
+/// An exit status: 0 to 255.
+fn exit_status(text: &str) -> Result<u8, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| "an exit status is a whole number from 0 to 255".to_owned())
 }
 
 /// A token must have at least one character.

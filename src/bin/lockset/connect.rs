@@ -7,7 +7,7 @@ use lockset::redis::{self, RedisError};
 use lockset::{Client, QuorumConfig};
 use tokio::task::JoinSet;
 
-use crate::exit::{Failure, UNAVAILABLE};
+use crate::exit::{self, Failure, UNAVAILABLE};
 
 /// The URL used when neither `--redis` nor the environment names one.
 const DEFAULT_URL: &str = "redis://127.0.0.1/";
@@ -34,21 +34,26 @@ pub(crate) enum Target {
     Cluster(Redis<ClusterConnection>),
 }
 
-/// The URLs to use: `--redis` (or `LOCKSET_REDIS`, which clap reads), else `REDIS_URL`,
-/// else the local default.
-pub(crate) fn urls(given: &[String]) -> Vec<String> {
-    let given: Vec<String> = given
-        .iter()
-        .map(|url| url.trim().to_owned())
-        .filter(|url| !url.is_empty())
-        .collect();
-    if !given.is_empty() {
-        return given;
+/// The URLs to use: `--redis` (or `LOCKSET_REDIS`, which clap reads, ignoring it when
+/// empty), else `REDIS_URL`, else the local default. An empty `--redis` is a mistake (an
+/// unset variable, most likely), not a wish for the default: with it, every host would lock
+/// on a Redis of its own.
+pub(crate) fn urls(given: &[String]) -> Result<Vec<String>, String> {
+    let given: Vec<String> = given.iter().map(|url| url.trim().to_owned()).collect();
+    if given.iter().any(String::is_empty) {
+        return Err(
+            "a --redis URL is empty (an unset variable?); leave --redis out to use \
+             $REDIS_URL or the local default"
+                .to_owned(),
+        );
     }
-    match std::env::var("REDIS_URL") {
+    if !given.is_empty() {
+        return Ok(given);
+    }
+    Ok(match std::env::var("REDIS_URL") {
         Ok(url) if !url.trim().is_empty() => vec![url.trim().to_owned()],
         _ => vec![DEFAULT_URL.to_owned()],
-    }
+    })
 }
 
 /// Parsed URLs, checked before anything is sent.
@@ -84,7 +89,7 @@ pub(crate) async fn connect(plan: Plan) -> Result<Target, Failure> {
             let conn = client
                 .get_async_connection()
                 .await
-                .map_err(|err| unreachable("the cluster", &err))?;
+                .map_err(|err| exit::redis_failure("cannot reach Redis at the cluster", &err))?;
             Ok(Target::Cluster(Redis {
                 client: Client::cluster(conn.clone()),
                 nodes: vec![conn],
@@ -94,7 +99,7 @@ pub(crate) async fn connect(plan: Plan) -> Result<Target, Failure> {
             let client = clients.remove(0);
             let conn = manager(&client)
                 .await
-                .map_err(|err| unreachable(&address(&client), &err))?;
+                .map_err(|err| unreachable(&client, &err))?;
             Ok(Target::Single(Redis {
                 client: master(conn.clone(), client)?,
                 nodes: vec![conn],
@@ -117,6 +122,9 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
     while let Some(joined) = connecting.join_next().await {
         match joined {
             Ok((index, Ok(conn))) => conns[index] = Some(conn),
+            Ok((index, Err(err))) if is_no_such_database(&err) => {
+                return Err(unreachable(&clients[index], &err));
+            }
             Ok((index, Err(err))) => down.push(format!("{}: {err}", address(&clients[index]))),
             Err(err) => down.push(err.to_string()),
         }
@@ -139,7 +147,7 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
         let conn = match conn {
             Some(conn) => conn,
             None => ConnectionManager::new_lazy_with_config(client.clone(), config())
-                .map_err(|err| unreachable(&address(&client), &err))?,
+                .map_err(|err| unreachable(&client, &err))?,
         };
         masters.push(master(conn.clone(), client)?);
         nodes.push(conn);
@@ -173,8 +181,23 @@ fn address(client: &redis::Client) -> String {
     client.get_connection_info().addr().to_string()
 }
 
-fn unreachable(what: &str, err: &RedisError) -> Failure {
-    Failure::new(UNAVAILABLE, format!("cannot reach Redis at {what}: {err}"))
+/// The failure to connect to `client`'s server: bad usage when the URL names a database
+/// the server does not have, else unreachable.
+fn unreachable(client: &redis::Client, err: &RedisError) -> Failure {
+    let what = address(client);
+    if is_no_such_database(err) {
+        let db = client.get_connection_info().redis_settings().db();
+        return Failure::Usage(format!(
+            "invalid --redis URL: the server at {what} has no database {db} ({err})"
+        ));
+    }
+    exit::redis_failure(&format!("cannot reach Redis at {what}"), err)
+}
+
+/// The server refused the database the URL selects.
+fn is_no_such_database(err: &RedisError) -> bool {
+    err.detail()
+        .is_some_and(|detail| detail.contains("DB index is out of range"))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use std::io;
 use std::process::ExitStatus;
 
+use lockset::redis::RedisError;
 use lockset::{Error, NodeFailure};
 
 /// Bad usage or input; nothing was sent to Redis (EX_USAGE).
@@ -58,6 +59,7 @@ impl Failure {
         match err {
             Error::InvalidInput(invalid) => Self::Usage(invalid.to_string()),
             Error::WrongType { .. } => Self::new(DATA, err.to_string()),
+            Error::Redis(redis) => Self::new(UNAVAILABLE, format!("{err}{}", cluster_hint(redis))),
             _ => Self::new(UNAVAILABLE, err.to_string()),
         }
     }
@@ -69,6 +71,23 @@ impl Failure {
             _ => CANNOT_EXECUTE,
         };
         Self::new(code, format!("cannot run {program:?}: {err}"))
+    }
+}
+
+/// Redis failed (or could not be reached) doing `what`: exit [`UNAVAILABLE`].
+pub(crate) fn redis_failure(what: &str, err: &RedisError) -> Failure {
+    Failure::new(UNAVAILABLE, format!("{what}: {err}{}", cluster_hint(err)))
+}
+
+/// What to add to a Redis error: how to fix it, when the server redirected the key to
+/// another node (a Redis Cluster node addressed without `--cluster`).
+fn cluster_hint(err: &RedisError) -> &'static str {
+    match err.code() {
+        Some("MOVED" | "ASK") => {
+            " (this server is a Redis Cluster node and another node serves the key: add \
+             --cluster)"
+        }
+        _ => "",
     }
 }
 

@@ -147,6 +147,22 @@ impl Key {
             .count()
     }
 
+    /// The key as others hold it: every server where `token` holds it counts as free.
+    pub(crate) fn without(&self, token: &str) -> Self {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|node| match node {
+                Node::Held { token: t, .. } if t == token => Node::Free,
+                other => other.clone(),
+            })
+            .collect();
+        Self {
+            name: self.name.clone(),
+            nodes,
+        }
+    }
+
     /// One phrase for people: `"orders" is held by web-1:42 (12.3s left)`.
     pub(crate) fn describe(&self) -> String {
         let name = &self.name;
@@ -158,13 +174,60 @@ impl Key {
             Some(Node::Held { metadata, .. }) if metadata.is_empty() => {
                 format!("{name:?} is held by a lock without metadata ({left})")
             }
-            Some(Node::Held { metadata, .. }) => format!("{name:?} is held by {metadata} ({left})"),
+            // Quoted like the key: what anyone stored must not reach a terminal raw.
+            Some(Node::Held { metadata, .. }) => {
+                format!("{name:?} is held by {metadata:?} ({left})")
+            }
             Some(Node::Foreign { .. }) => {
                 format!("{name:?} holds a value lockset did not write ({left})")
             }
             Some(Node::WrongType(kind)) => format!("{name:?} holds a {kind}, not a string"),
             _ => format!("{name:?} is free"),
         }
+    }
+}
+
+/// The first key a token does not hold on a majority of the servers, as seen by others.
+#[derive(Clone, Debug)]
+pub(crate) struct Loss {
+    /// The key, where the token's own copies count as free: it never names the token's
+    /// holder as the one who took it.
+    pub(crate) others: Key,
+    /// How many servers still hold the key with the token.
+    pub(crate) kept: usize,
+}
+
+impl Loss {
+    /// The first of `keys` that `token` does not hold on a majority of the servers; `None`
+    /// when it holds them all.
+    pub(crate) fn find(keys: &[Key], token: &str) -> Option<Self> {
+        let key = keys
+            .iter()
+            .find(|key| key.held_by(token) < key.nodes.len() / 2 + 1)?;
+        Some(Self {
+            others: key.without(token),
+            kept: key.held_by(token),
+        })
+    }
+
+    /// True when someone else holds the key somewhere (else it expired or was deleted).
+    pub(crate) fn is_taken(&self) -> bool {
+        self.others.state() != State::Free
+    }
+
+    /// One phrase for people: who holds the key instead, or on how few masters the token
+    /// still does.
+    pub(crate) fn describe(&self) -> String {
+        let nodes = self.others.nodes.len();
+        if self.is_taken() || self.kept == 0 {
+            return self.others.describe();
+        }
+        format!(
+            "{:?} is held by this lock on only {} of {nodes} masters ({} needed)",
+            self.others.name,
+            self.kept,
+            nodes / 2 + 1
+        )
     }
 }
 
@@ -296,13 +359,42 @@ mod tests {
     fn descriptions_name_key_holder_and_time_left_but_never_the_token() {
         let seen = key(vec![held("secret", 12)]);
         let text = seen.describe();
-        assert_eq!(text, r#""k" is held by web-1:42 (12.0s left)"#);
+        assert_eq!(text, r#""k" is held by "web-1:42" (12.0s left)"#);
         assert!(!text.contains("secret"));
         assert_eq!(key(vec![Node::Free]).describe(), r#""k" is free"#);
         assert_eq!(
             key(vec![Node::WrongType("list".to_owned())]).describe(),
             r#""k" holds a list, not a string"#
         );
+    }
+
+    #[test]
+    fn without_a_token_a_key_shows_only_the_others() {
+        let seen = key(vec![held("t", 3), Node::Free, held("u", 5)]);
+        let others = seen.without("t");
+        assert_eq!((others.held_by("t"), others.held_by("u")), (0, 1));
+        assert_eq!(others.ttl(), Some(Duration::from_secs(5)));
+        assert_eq!(
+            key(vec![held("t", 3), Node::Free]).without("t").state(),
+            State::Free
+        );
+    }
+
+    #[test]
+    fn a_loss_never_names_its_own_token() {
+        let minority = key(vec![held("t", 3), Node::Free, Node::Free]);
+        let loss = Loss::find(&[minority], "t").expect("lost");
+        assert!(!loss.is_taken());
+        assert_eq!(
+            loss.describe(),
+            r#""k" is held by this lock on only 1 of 3 masters (2 needed)"#
+        );
+        let taken = key(vec![held("t", 3), held("u", 5), held("u", 5)]);
+        let loss = Loss::find(&[taken], "t").expect("lost");
+        assert!(loss.is_taken());
+        assert_eq!(loss.describe(), r#""k" is held by "web-1:42" (5.0s left)"#);
+        let majority = key(vec![held("t", 3), held("t", 3), Node::Free]);
+        assert!(Loss::find(&[majority], "t").is_none());
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod obtain;
 mod run;
 mod signals;
 mod status;
+mod stdio;
 mod token;
 mod ui;
 mod validate;
@@ -37,10 +38,12 @@ use crate::validate::Use;
 const SETTLE: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    signals::shield_writes();
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return ExitCode::from(usage(&err)),
     };
+    cli.command.gather_keys();
     let ui = Ui::new(cli.global.quiet, cli.global.verbose);
     ui.init_logs();
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -65,7 +68,14 @@ fn main() -> ExitCode {
 
 /// Checks the input, connects, and runs the subcommand.
 async fn execute(cli: &Cli, ui: Ui) -> Result<u8, Failure> {
-    let urls = connect::urls(&cli.global.redis);
+    if matches!(cli.command, Command::Acquire(_) | Command::Status(_)) && stdio::stdout_was_closed()
+    {
+        return Err(Failure::new(
+            exit::SYSTEM,
+            "stdout is closed: nobody could read what this prints (nothing was sent to Redis)",
+        ));
+    }
+    let urls = connect::urls(&cli.global.redis).map_err(Failure::Usage)?;
     let target = validate::Target {
         urls: urls.len(),
         cluster: cli.global.cluster,
@@ -134,8 +144,9 @@ where
     }
 }
 
-/// Catches SIGINT, SIGTERM and SIGHUP from here on (before, they end `lockset` as usual:
-/// it holds nothing yet).
+/// Catches SIGINT, SIGTERM, SIGHUP and the job-control signals from here on, those not
+/// ignored when `lockset` started (before, they end or stop `lockset` as usual: it holds
+/// nothing yet).
 fn listen() -> Result<Signals, Failure> {
     Signals::listen()
         .map_err(|err| Failure::new(exit::SYSTEM, format!("cannot catch signals: {err}")))

@@ -2,6 +2,7 @@
 //! meanwhile, giving up cleanly on a signal, and naming the holder on a conflict.
 
 use std::convert::Infallible;
+use std::pin::pin;
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionLike;
@@ -11,7 +12,7 @@ use crate::cli::ObtainArgs;
 use crate::connect::Redis;
 use crate::exit::{self, Failure};
 use crate::holder;
-use crate::signals::Signals;
+use crate::signals::{Event, Signals};
 use crate::ui::{Ui, Waiting};
 use crate::{duration, identity};
 
@@ -40,9 +41,9 @@ pub(crate) fn options(args: &ObtainArgs) -> Options {
     options
 }
 
-/// Obtains `keys`, waiting up to `--wait`. A signal stops the wait: `lockset` then exits
-/// 128 + the signal number, as if the signal had killed it, once any half-made lock is
-/// cleaned up.
+/// Obtains `keys`, waiting up to `--wait`. SIGINT, SIGTERM or SIGHUP stops the wait:
+/// `lockset` then exits 128 + the signal number, as if the signal had killed it, once any
+/// half-made lock is cleaned up. A stop signal stops `lockset` meanwhile.
 pub(crate) async fn obtain<C>(
     redis: &Redis<C>,
     keys: &[String],
@@ -59,13 +60,30 @@ where
     } else {
         ui.waiting()
     };
-    let obtained = tokio::select! {
-        obtained = redis.client.obtain_multi(keys.iter().cloned(), args.ttl, &options) => obtained,
-        never = show_waiting(redis, keys, &mut waiting) => match never {},
-        signal = signals.next() => {
-            waiting.finish();
-            tracing::info!(?signal, "stopped waiting");
-            return Err(Failure::silent(exit::of_signal(signal as i32)));
+    let mut obtaining = pin!(
+        redis
+            .client
+            .obtain_multi(keys.iter().cloned(), args.ttl, &options)
+    );
+    let obtained = loop {
+        tokio::select! {
+            obtained = &mut obtaining => break obtained,
+            never = show_waiting(redis, keys, &mut waiting) => match never {},
+            event = signals.next() => match event {
+                Event::End(signal) => {
+                    waiting.finish();
+                    tracing::info!(?signal, "stopped waiting");
+                    return Err(Failure::silent(exit::of_signal(signal as i32)));
+                }
+                // Nothing runs yet: stop as the signal's default disposition would.
+                Event::Stop(signal) => {
+                    tracing::info!(?signal, "stopping");
+                    if let Err(err) = signals.stop_self().await {
+                        tracing::warn!(%err, "cannot stop lockset");
+                    }
+                }
+                Event::Continue | Event::Child => {}
+            }
         }
     };
     waiting.finish();
@@ -112,7 +130,9 @@ where
     loop {
         match holder::first_held(&redis.nodes, keys).await {
             Ok(Some(key)) => {
-                let by = key.metadata().unwrap_or("another owner");
+                let by = key
+                    .metadata()
+                    .map_or_else(|| "another owner".to_owned(), |by| format!("{by:?}"));
                 let left = key
                     .ttl()
                     .map(|ttl| format!(", {} left)", duration::show(ttl)))

@@ -1,30 +1,49 @@
 //! `lockset run`: hold the keys while a command runs.
+//!
+//! Invariant: the command runs only while the lock is valid. It starts only after a check
+//! of the lock's validity; a lost lock ends it (SIGTERM, then SIGKILL); and job control stops
+//! it before `lockset` itself stops (nothing refreshes the lock then), and continues it only
+//! after the lock was checked again on the way back: when that finds the lock lost, the
+//! command is continued only to act on SIGTERM.
 
 use std::io;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionLike;
-use lockset::{Guard, LostSignal};
+use lockset::{Guard, LostSignal, Options};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
 
 use crate::child::Command;
 use crate::cli::RunArgs;
 use crate::connect::Redis;
 use crate::exit::{self, Failure, LOST};
-use crate::holder::{self, State};
+use crate::holder::{self, Loss};
 use crate::obtain;
-use crate::signals::Signals;
+use crate::signals::{Event, Signals};
 use crate::ui::Ui;
 
 /// How long to spend finding out why a lock was lost.
 const EXPLAIN_WITHIN: Duration = Duration::from_secs(2);
+/// How long to wait for the command to be seen stopped before `lockset` stops itself.
+const STOP_WITHIN: Duration = Duration::from_millis(500);
 
 /// How the command ended.
 enum Ended {
     /// It exited by itself (perhaps after a forwarded signal).
     Exited(io::Result<ExitStatus>),
-    /// The lock was lost while the command ran.
-    Lost,
+    /// The lock was lost: while the command ran, or while it was stopped with `lockset`.
+    Lost(Phase),
+}
+
+/// When the lock was found lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// While the command ran (or was stopped on its own).
+    Running,
+    /// While `lockset` and the command were stopped (job control), on the way back.
+    Stopped,
 }
 
 /// Obtains the lock, runs the command under the watchdog, releases, and returns the exit
@@ -39,11 +58,26 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let lock = obtain::obtain(redis, &args.keys, &args.obtain, ui, signals).await?;
-    let mut env = vec![("LOCKSET_KEYS", args.keys.join(" "))];
+    // The space-separated list is ambiguous for keys with spaces; the JSON array is not.
+    let mut env = vec![
+        ("LOCKSET_KEYS", args.keys.join(" ")),
+        (
+            "LOCKSET_KEYS_JSON",
+            serde_json::json!(args.keys).to_string(),
+        ),
+    ];
     if let Some(fence) = lock.fencing_token() {
         env.push(("LOCKSET_FENCING_TOKEN", fence.to_string()));
     }
     let guard = lock.keep_alive();
+    // `lockset` may have been stopped (SIGSTOP cannot be caught) since the lock was obtained.
+    if guard.valid_until() <= Instant::now() {
+        release(guard, ui).await;
+        return Err(Failure::new(
+            LOST,
+            "the lock's validity ran out before the command started; it was not started",
+        ));
+    }
     let mut command = match Command::spawn(&args.command, &env) {
         Ok(command) => command,
         Err(err) => {
@@ -54,7 +88,13 @@ where
     };
     tracing::info!(command = ?args.command, "started");
     let lost = guard.lost_signal();
-    match supervise(&mut command, &lost, signals).await {
+    let supervisor = Supervisor {
+        guard: &guard,
+        lost: &lost,
+        ttl: args.obtain.ttl,
+        ui,
+    };
+    match supervisor.supervise(&mut command, signals).await {
         Ended::Exited(status) => {
             let code = match status {
                 Ok(status) => exit::of_status(status),
@@ -68,8 +108,8 @@ where
             };
             finish(guard, code, ui).await
         }
-        Ended::Lost => {
-            tracing::info!("lock lost: stopping the command");
+        Ended::Lost(phase) => {
+            tracing::info!(?phase, "lock lost: stopping the command");
             // Look at the keys while the command stops, before anyone else changes them.
             let ((_, killed), why) = tokio::join!(
                 command.terminate(args.kill_after),
@@ -85,28 +125,133 @@ where
             // Only to stop the watchdog: nothing of ours is left to release, and Redis may
             // be out of reach.
             let _ = tokio::time::timeout(EXPLAIN_WITHIN, guard.release()).await;
+            let when = match phase {
+                Phase::Running => "while the command ran",
+                Phase::Stopped => "while lockset and the command were stopped",
+            };
             Err(Failure::new(
                 LOST,
-                format!("lock lost while the command ran: {why}; stopped the command with {how}"),
+                format!("lock lost {when}: {why}; stopped the command with {how}"),
             ))
         }
     }
 }
 
-/// Waits for the command to exit or the lock to be lost, forwarding signals to the command.
-async fn supervise(command: &mut Command, lost: &LostSignal, signals: &mut Signals) -> Ended {
-    loop {
-        tokio::select! {
-            // A command that exited as the lock was lost has finished its work: report its
-            // status, not the loss.
-            biased;
-            status = command.wait() => return Ended::Exited(status),
-            () = lost.lost() => return Ended::Lost,
-            signal = signals.next() => {
-                tracing::info!(?signal, "forwarding to the command");
-                command.signal(signal);
+/// What watches the command: the lock, its lost signal, and how to talk to people.
+struct Supervisor<'a, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    guard: &'a Guard<C>,
+    lost: &'a LostSignal,
+    /// The lock's TTL, for the refresh on the way back from a stop.
+    ttl: Duration,
+    ui: Ui,
+}
+
+impl<C> Supervisor<'_, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Waits for the command to exit or the lock to be lost; forwards signals to the
+    /// command, and stops and continues it with `lockset` (job control).
+    async fn supervise(&self, command: &mut Command, signals: &mut Signals) -> Ended {
+        // The signal that stopped the command, once said.
+        let mut told_stopped = None;
+        loop {
+            tokio::select! {
+                // A command that exited as the lock was lost has finished its work: report
+                // its status, not the loss.
+                biased;
+                status = command.wait() => return Ended::Exited(status),
+                () = self.lost.lost() => return Ended::Lost(Phase::Running),
+                event = signals.next() => match event {
+                    Event::End(signal) => {
+                        tracing::info!(?signal, "forwarding to the command");
+                        command.forward(signal);
+                    }
+                    Event::Stop(signal) => {
+                        if !self.stop_and_resume(command, signals, signal).await {
+                            return Ended::Lost(Phase::Stopped);
+                        }
+                    }
+                    // Continued after an uncatchable SIGSTOP, or sent by hand: the command
+                    // may go on too, if the lock is still valid.
+                    Event::Continue if self.lost.is_lost() => return Ended::Lost(Phase::Running),
+                    Event::Continue => command.resume(),
+                    Event::Child => told_stopped = self.tell_stopped(command, told_stopped),
+                }
             }
         }
+    }
+
+    /// Stops the command's group, then `lockset`; once continued, checks the lock before
+    /// the command may run again. False when the lock was lost meanwhile: the command is
+    /// still stopped then.
+    async fn stop_and_resume(
+        &self,
+        command: &Command,
+        signals: &mut Signals,
+        signal: Signal,
+    ) -> bool {
+        tracing::info!(?signal, "stopping the command, then lockset");
+        command.stop();
+        command.until_stopped(STOP_WITHIN).await;
+        if let Err(err) = signals.stop_self().await {
+            tracing::warn!(%err, "cannot stop lockset");
+        }
+        tracing::info!("continued: checking the lock before the command goes on");
+        if !self.still_held().await {
+            return false;
+        }
+        command.resume();
+        true
+    }
+
+    /// Whether the lock may be used on: refreshed at once, or at least still valid when
+    /// Redis does not answer (the watchdog keeps trying, and the lost signal fires when the
+    /// validity runs out).
+    async fn still_held(&self) -> bool {
+        let Some(left) = self
+            .guard
+            .valid_until()
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())
+        else {
+            return false;
+        };
+        let refreshed =
+            tokio::time::timeout(left, self.guard.refresh(self.ttl, &Options::default())).await;
+        match refreshed {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) if err.is_not_obtained() => return false,
+            Ok(Err(err)) => tracing::warn!(%err, "refresh after a stop failed"),
+            Err(_) => tracing::warn!("refresh after a stop did not finish in time"),
+        }
+        self.guard.valid_until() > Instant::now()
+    }
+
+    /// Says on stderr, once per stop, that the command stopped by itself (or was stopped by
+    /// the terminal): it goes on holding the lock. Returns what was said.
+    fn tell_stopped(&self, command: &Command, told: Option<Signal>) -> Option<Signal> {
+        let stopped = command.stopped_by();
+        if let Some(signal) = stopped
+            && told != Some(signal)
+        {
+            let why = match signal {
+                Signal::SIGTTIN => " (it read from the terminal, which it cannot)",
+                Signal::SIGTTOU => " (it wrote to the terminal or changed its settings)",
+                _ => "",
+            };
+            self.ui.say(&format!(
+                "the command is stopped by {}{why} and keeps the lock while stopped: \
+                 `kill -CONT -{group}` continues it; `kill {me}` (or Ctrl-C) ends it",
+                signal.as_str(),
+                group = command.group(),
+                me = std::process::id(),
+            ));
+        }
+        stopped
     }
 }
 
@@ -158,13 +303,12 @@ where
         Ok(Err(err)) => return format!("Redis unreachable ({err}), the lock's validity ran out"),
         Err(_) => return "Redis did not answer, the lock's validity ran out".to_owned(),
     };
-    let needed = redis.nodes.len() / 2 + 1;
-    let not_ours = keys.iter().find(|key| key.held_by(token) < needed);
-    match not_ours {
-        Some(key) if key.state() == State::Free => {
-            format!("{:?} expired or was deleted", key.name)
-        }
-        Some(key) => format!("taken over: {}", key.describe()),
-        None => "Redis did not confirm a refresh before the lock's validity ran out".to_owned(),
+    let Some(loss) = Loss::find(&keys, token) else {
+        return "Redis did not confirm a refresh before the lock's validity ran out".to_owned();
+    };
+    match (loss.is_taken(), redis.nodes.len()) {
+        (true, _) => format!("taken over: {}", loss.describe()),
+        (false, 1) => format!("{:?} expired or was deleted", loss.others.name),
+        (false, _) => format!("lost on a majority: {}", loss.describe()),
     }
 }

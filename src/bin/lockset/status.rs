@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::cli::StatusArgs;
 use crate::connect::Redis;
-use crate::exit::{Failure, SYSTEM, UNAVAILABLE};
+use crate::exit::{self, Failure, SYSTEM};
 use crate::holder::{self, Key};
 
 /// Prints the state of every key on stdout: a line each, or one JSON object.
@@ -17,12 +17,7 @@ where
 {
     let keys = holder::inspect_all(&redis.nodes, &args.keys)
         .await
-        .map_err(|err| {
-            Failure::new(
-                UNAVAILABLE,
-                format!("cannot read the keys from Redis: {err}"),
-            )
-        })?;
+        .map_err(|err| exit::redis_failure("cannot read the keys from Redis", &err))?;
     let text = match args.json {
         true => format!("{}\n", as_json(&keys)),
         false => keys

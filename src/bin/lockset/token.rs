@@ -16,8 +16,8 @@ use lockset::{Lock, Options};
 
 use crate::cli::{AcquireArgs, RefreshArgs, ReleaseArgs};
 use crate::connect::Redis;
-use crate::exit::{self, Failure, LOST, UNAVAILABLE};
-use crate::holder::{self, Key};
+use crate::exit::{self, DATA, Failure, LOST};
+use crate::holder::{self, Key, Loss, State};
 use crate::obtain;
 use crate::signals::Signals;
 use crate::ui::Ui;
@@ -55,18 +55,20 @@ where
     Ok(0)
 }
 
-/// Extends the lock held by `--token` to `--ttl`.
+/// Extends the lock held by `--token` to `--ttl`, replacing its metadata with `--metadata`
+/// when given.
 pub(crate) async fn refresh<C>(redis: &Redis<C>, args: &RefreshArgs) -> Result<u8, Failure>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let keys = held_by(redis, &args.keys, &args.token).await?;
-    let metadata = match &args.metadata {
-        Some(metadata) => metadata.clone(),
-        None => holders_metadata(&keys, &args.token),
-    };
+    let metadata = holders_metadata(&keys, &args.token);
     let lock = adopt(redis, &args.keys, &args.token, &metadata, args.ttl).await?;
-    match lock.refresh(args.ttl, &Options::default()).await {
+    let mut options = Options::default();
+    if let Some(metadata) = &args.metadata {
+        options = options.metadata(metadata);
+    }
+    match lock.refresh(args.ttl, &options).await {
         Ok(()) => Ok(0),
         Err(err) if err.is_not_obtained() => Err(not_held("it expired or was taken over")),
         Err(err) => Err(Failure::from_error(&err)),
@@ -97,9 +99,11 @@ where
     let seen = holder::inspect_all(&redis.nodes, keys)
         .await
         .map_err(|err| unavailable(&err))?;
-    let needed = redis.nodes.len() / 2 + 1;
-    if let Some(key) = seen.iter().find(|key| key.held_by(token) < needed) {
-        return Err(not_held(&key.describe()));
+    if let Some(loss) = Loss::find(&seen, token) {
+        if loss.others.state() == State::WrongType {
+            return Err(Failure::new(DATA, loss.describe()));
+        }
+        return Err(not_held(&loss.describe()));
     }
     Ok(seen)
 }
@@ -136,8 +140,5 @@ fn not_held(why: &str) -> Failure {
 }
 
 fn unavailable(err: &RedisError) -> Failure {
-    Failure::new(
-        UNAVAILABLE,
-        format!("cannot read the keys from Redis: {err}"),
-    )
+    exit::redis_failure("cannot read the keys from Redis", err)
 }
