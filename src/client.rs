@@ -22,12 +22,13 @@ use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::options::default_waiter_lease;
 use crate::policy::{self, Held, Limit, Step, Waiter, Watch};
-use crate::quorum::{Quorum, QuorumConfig, Stragglers};
+use crate::quorum::{Quorum, QuorumConfig};
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
 use crate::retry::Retry;
 use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
+use crate::stragglers::Stragglers;
 use crate::tasks::Tasks;
 use crate::validate;
 use crate::value::Owner;
@@ -437,7 +438,7 @@ where
             ticket: None,
         };
         let sent = Instant::now();
-        let Some(left) = self.backend().pttl(&claim).await? else {
+        let Some(left) = self.backend().pttl(&claim, None).await? else {
             return Err(Error::NotHeld);
         };
         // Keys without expiry are held until released: count on the TTL to come.
@@ -455,7 +456,7 @@ where
             ttl,
             fence: None,
             valid_until: sent.checked_add(valid_for).unwrap_or(sent),
-            stragglers: Vec::new(),
+            stragglers: None,
         };
         Ok(Lock::new(self.inner.clone(), obtained))
     }
@@ -675,7 +676,8 @@ struct Won {
     ttl: Ttl,
     fence: Option<u64>,
     valid_until: Instant,
-    stragglers: Stragglers,
+    /// A quorum's writes of the lock still under way.
+    stragglers: Option<Arc<Stragglers>>,
 }
 
 impl<C> Attempt<'_, C>
@@ -781,7 +783,7 @@ where
             ttl: self.ttl,
             fence: None,
             valid_until: until,
-            stragglers: Vec::new(),
+            stragglers: None,
         })
     }
 }

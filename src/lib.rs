@@ -79,6 +79,7 @@
 
 mod backend;
 mod client;
+mod distinct;
 mod error;
 mod events;
 mod fair;
@@ -98,6 +99,7 @@ mod shared;
 mod signal;
 mod slots;
 mod store;
+mod stragglers;
 mod tasks;
 mod validate;
 mod value;

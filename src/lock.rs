@@ -16,11 +16,11 @@ use crate::mode::{Mode, Modes};
 use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::policy::{self, Step, Waiter, Watch};
-use crate::quorum::Stragglers;
 use crate::request::{Claim, Ttl};
 use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::slots::release_channel;
+use crate::stragglers::Stragglers;
 use crate::value::Owner;
 
 /// A lock on one or more keys, returned by [`Client::obtain`](crate::Client::obtain) and
@@ -40,8 +40,9 @@ pub struct Lock<C> {
     ttl: Ttl,
     fence: Option<u64>,
     validity: Mutex<Validity>,
-    /// Redlock: per-master work still finishing after an obtain or refresh was decided.
-    stragglers: Mutex<Stragglers>,
+    /// Redlock: the lock's writes still under way on slow masters after an obtain or
+    /// refresh was decided, kept clear of its release and TTL queries.
+    stragglers: Option<Arc<Stragglers>>,
 }
 
 /// Until when the lock is known to be valid.
@@ -127,7 +128,8 @@ pub(crate) struct Obtained {
     pub(crate) fence: Option<u64>,
     /// When the successful attempt was sent, plus the TTL, less any drift allowance.
     pub(crate) valid_until: Instant,
-    pub(crate) stragglers: Stragglers,
+    /// A quorum's writes of the lock still under way (`None`: none, or one server).
+    pub(crate) stragglers: Option<Arc<Stragglers>>,
 }
 
 impl<C> Lock<C>
@@ -135,6 +137,9 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     pub(crate) fn new(shared: Arc<Shared<C>>, obtained: Obtained) -> Self {
+        let stragglers = obtained
+            .stragglers
+            .or_else(|| shared.backend().stragglers());
         Self {
             shared,
             keys: obtained.keys,
@@ -151,7 +156,7 @@ where
                 lost: false,
                 signal: None,
             }),
-            stragglers: Mutex::new(obtained.stragglers),
+            stragglers,
         }
     }
 
@@ -249,33 +254,6 @@ where
         }
     }
 
-    /// Keeps Redlock's per-master work still running after a decision, so that release can
-    /// wait for it: a late obtain or restore must not land after the keys were deleted.
-    fn keep(&self, stragglers: Stragglers) {
-        if !stragglers.is_empty() {
-            let mut kept = self
-                .stragglers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            kept.retain(|task| !task.is_finished());
-            kept.extend(stragglers);
-        }
-    }
-
-    /// Waits for every per-master task kept by [`Lock::keep`].
-    async fn settle(&self) {
-        let tasks = std::mem::take(
-            &mut *self
-                .stragglers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        for task in tasks {
-            // A task that panicked has nothing left to finish.
-            let _ = task.await;
-        }
-    }
-
     /// The moment `sent` plus `ttl`, less the backend's drift allowance.
     fn valid_for(&self, sent: Instant, ttl: Duration) -> Instant {
         let valid_for = ttl.saturating_sub(self.shared.backend().drift(ttl));
@@ -300,7 +278,8 @@ where
     async fn ttl_once(&self, sent: Instant) -> Result<Option<Duration>> {
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, self.ttl);
-        let Some(left) = self.shared.backend().pttl(&claim).await? else {
+        let stragglers = self.stragglers.as_ref();
+        let Some(left) = self.shared.backend().pttl(&claim, stragglers).await? else {
             self.found_lost("a TTL query found its keys gone or taken over");
             return Ok(None);
         };
@@ -368,8 +347,11 @@ where
         };
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, ttl);
-        let (refreshed, stragglers) = self.shared.backend().refresh(&claim).await;
-        self.keep(stragglers);
+        let refreshed = self
+            .shared
+            .backend()
+            .refresh(&claim, self.stragglers.as_ref())
+            .await;
         match &refreshed {
             Ok(true) => self.validity().confirmed(seq, until),
             Ok(false) => self.found_lost("a refresh found its keys gone or taken over"),
@@ -400,7 +382,6 @@ where
     /// Releases once; `start`: when the release was called (it is over from then on).
     async fn release_once(&self, start: Instant) -> Result<()> {
         self.validity().lost_at(start);
-        self.settle().await;
         let value = self.owner.value(&self.metadata);
         let claim = self.claim(&value, self.ttl);
         let events = self.shared.events();
@@ -412,7 +393,12 @@ where
             () if named => Some(release_payload()),
             () => Some(String::new()),
         };
-        let mut release = pin!(self.shared.backend().release(&claim, payload.as_deref()));
+        let stragglers = self.stragglers.as_ref();
+        let release = self
+            .shared
+            .backend()
+            .release(&claim, payload.as_deref(), stragglers);
+        let mut release = pin!(release);
         let released = match (events, &payload) {
             // A waiter of this very client: hand over as soon as the release is on its way.
             ([events], Some(payload)) if events.channels() > 0 => {

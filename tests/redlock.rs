@@ -427,12 +427,13 @@ async fn permits_over_a_quorum_need_as_many_masters_as_their_limit_asks() {
         .obtain(("two", Mode::Permit { limit: 2 }), ms(30_000), &options)
         .await
         .unwrap_err();
+    // Decided as soon as two masters failed, maybe before the others answered.
     assert!(
         matches!(
             &err,
             Error::Quorum {
                 needed: 4,
-                succeeded: 3,
+                succeeded: ..=3,
                 ..
             }
         ),
