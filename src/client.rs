@@ -215,10 +215,13 @@ where
     /// agrees. An obtain succeeds only if a majority locked the whole key set and the validity
     /// `ttl − elapsed − drift` is positive (elapsed from before the first send to the
     /// decision, drift = ttl × drift factor + 2 ms); otherwise it releases on every master and
-    /// retries per the retry strategy. It returns as soon as the outcome is decided, without
-    /// waiting for the slowest master. [`Lock::valid_until`] is the end of the validity, and
-    /// [`Lock::ttl`] reports what is left of it; refresh needs a majority too (re-creating
-    /// keys on a master that restarted empty), and release deletes on every master.
+    /// retries per the retry strategy. Every operation returns as soon as its outcome is
+    /// decided, never waiting for a master the decision does not need (slow, paused or
+    /// down); the slower masters' share finishes in background tasks. [`Lock::valid_until`]
+    /// is the end of the validity, and [`Lock::ttl`] reports what is left of it (at most
+    /// what a majority of masters still holds); refresh needs a majority too (re-creating
+    /// keys on a master that restarted empty), and release deletes on every master,
+    /// returning once a majority did.
     ///
     /// **When to use it.** A single master with replicas can lose a lock on failover:
     /// replication is asynchronous. Redlock survives the loss of a minority of masters. If an
@@ -238,8 +241,10 @@ where
     /// [`InvalidInput::DuplicateNode`] when two nodes are one server: the same client (or a
     /// clone of it), or clients for the same address (from [`Client::connect`] or
     /// [`Client::with_release_events`]). Servers known under different names are told apart
-    /// by their run ids when the masters first answer: the first operation then fails with
-    /// that error.
+    /// by their run ids, asked for beside each master's first operations: the obtain that
+    /// finds two names of one server fails with that error (unless distinct masters had
+    /// decided it already), and so does every later obtain, refresh and TTL query, before
+    /// anything is sent.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockset::Error> {

@@ -265,8 +265,10 @@ where
     ///
     /// `Ok(None)` means the lock is not held any more: a key expired or now belongs to
     /// someone else, or its validity ran out. A Redlock lock is held while a majority of
-    /// masters hold it; masters that do not answer say nothing, and make this an error
-    /// ([`Error::Quorum`]) that leaves the validity alone.
+    /// masters hold it, and this reports what a majority still holds (the longest remaining
+    /// TTL that enough masters share), never more; masters that do not answer say nothing,
+    /// and without a majority either way make this an error ([`Error::Quorum`]) that leaves
+    /// the validity alone.
     pub async fn ttl(&self) -> Result<Option<Duration>> {
         let sent = Instant::now();
         let span = op_span!("lockset.ttl", &self.keys);

@@ -12,8 +12,11 @@
 //! - **Obtain** counts only if a majority locked the whole key set **and** the validity
 //!   `ttl − elapsed − drift` is still positive. Otherwise an attempt with a fresh random
 //!   token is undone on every master by that master's task, once its attempt there has
-//!   finished; the caller does not wait for it: the next attempt has a token of its own, so
-//!   a late clean-up can never delete a later attempt's lock. An attempt with the caller's
+//!   finished. The next attempt has a token of its own, so a late clean-up can never delete
+//!   its lock; still, the caller waits for the undoing where the attempt answered, and
+//!   elsewhere no longer than the decision took (masters that are up are done by then):
+//!   contenders that split a vote otherwise retry into each other's leftovers. A master that
+//!   is down is not waited for. An attempt with the caller's
 //!   own token is never undone: that token may hold the keys for an outer lock, or for a
 //!   concurrent or retried obtain by the same token, and the value cannot tell them apart.
 //!   Its keys on a minority of masters expire with the TTL.
@@ -23,7 +26,8 @@
 //! - **TTL** reports what a majority holds (the `needed`-th longest remaining TTL among the
 //!   answers), and the lock lost only when a majority says so; masters that do not answer
 //!   are not evidence of anything, and make it an error.
-//! - **Release** deletes on every master, and returns once a majority is decided.
+//! - **Release** deletes on every master, and returns once a majority is decided; a lock
+//!   with the caller's own token waits for every master (see `stragglers.rs`).
 
 use std::fmt;
 use std::future::Future;
@@ -216,9 +220,8 @@ where
 
     /// Tries once to lock the claim's keys on a majority within the validity budget. An
     /// attempt with a fresh random token (`random`) is undone everywhere on failure, by each
-    /// master's task once that master's attempt finished (the caller does not wait: the
-    /// next attempt has another token); one with the caller's token is not undone. Returns
-    /// the lock's writes still under way on success.
+    /// master's task once that master's attempt finished; one with the caller's token is not
+    /// undone. Returns the lock's writes still under way on success.
     pub(crate) async fn obtain(
         &self,
         claim: &Claim<'_>,
@@ -356,7 +359,7 @@ where
         let limit = self.node_timeout(claim.ttl.duration);
         let needed = self.needed(claim);
         let counted = self
-            .vote_in_place(limit, needed, true, |master, store| async move {
+            .vote_in_place(limit, needed, InPlace::Decide, |master, store| async move {
                 stragglers.written(master).await;
                 store.pttl(claim).await
             })
@@ -391,8 +394,10 @@ where
     ///
     /// With a random token, each master's delete is sent once the lock's writes there are
     /// done, in a task of its own (see `stragglers.rs`). With the caller's token, this first
-    /// waits for those writes everywhere, then sends every delete before it returns: a
-    /// delete sent later could take a later lock of the same token.
+    /// waits for those writes everywhere, then for every master's delete (each within the
+    /// per-node limit): a delete still on its way when this returns could take a later lock
+    /// of the same token, and one given up on (a second round trip after NOSCRIPT) would
+    /// leave the keys behind.
     pub(crate) async fn release(
         &self,
         claim: &Claim<'_>,
@@ -405,7 +410,7 @@ where
         if claim.owner.is_custom() {
             stragglers.settled().await;
             let counted = self
-                .vote_in_place(limit, needed, false, |_, store| {
+                .vote_in_place(limit, needed, InPlace::Finish, |_, store| {
                     store.release(claim, payload)
                 })
                 .await;
@@ -488,14 +493,13 @@ where
         }
     }
 
-    /// Runs `op` on every master within `limit`, in place (nothing outlives the call), and
-    /// returns as soon as the outcome is decided. With `distinct`, stops at once when two
-    /// masters turn out to be one server.
+    /// Runs `op` on every master within `limit`, in place (nothing outlives the call), until
+    /// `until` says.
     async fn vote_in_place<'a, T, F, Fut>(
         &'a self,
         limit: Duration,
         needed: usize,
-        distinct: bool,
+        until: InPlace,
         op: F,
     ) -> Counted<T>
     where
@@ -522,13 +526,25 @@ where
             let vote = Vote::from_answer(answer, limit);
             tally.add(&vote);
             counted.votes.push((master, vote));
-            counted.duplicate = self.identities.duplicate().filter(|_| distinct);
-            if tally.decided() || counted.duplicate.is_some() {
-                break;
+            if until == InPlace::Decide {
+                counted.duplicate = self.identities.duplicate();
+                if tally.decided() || counted.duplicate.is_some() {
+                    break;
+                }
             }
         }
         counted
     }
+}
+
+/// How long an operation run in place goes on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum InPlace {
+    /// Until its outcome is decided, or two masters turn out to be one server.
+    Decide,
+    /// Until every master answered or ran out of time: every command it sends is sent, and
+    /// answered, before it returns.
+    Finish,
 }
 
 /// The `needed`-th longest of the remaining TTLs `held` (`None` with fewer): at least

@@ -16,8 +16,8 @@
 //!   alone, so a late delete can never take a later lock.
 //! - A lock with the caller's own token cannot have that: a later lock of the same token (a
 //!   re-obtain after the release) would lose its key to a delete sent late. Its release waits
-//!   for its writes everywhere (each within the per-node limit), then sends every delete
-//!   before it returns.
+//!   for its writes everywhere, then for every master's delete (each within the per-node
+//!   limit), as it always did.
 //! - A TTL query asks each master once the lock's writes there are done: a refresh still on
 //!   its way there would otherwise be answered with the old TTL.
 
