@@ -17,6 +17,12 @@
 //!   permits of one counted key (`permit`), obtain + release. Its baseline (the "raw"
 //!   columns) is lockset's own exclusive cycle, each task on its own key: what a shared or
 //!   counted key costs over a plain one.
+//! - W5 Redlock: C tasks, each on its own key, obtain + release on a quorum of five masters
+//!   of its own, all up (`up`) or with one paused by SIGSTOP (`paused`), no retry. Its
+//!   baseline (the "raw" columns) is the Redlock peer rslock (`LockManager`, five masters,
+//!   default settings: redis-rs's 500 ms response timeout per master); its server commands
+//!   and requests are not counted (`-`). Below the table: each implementation's paused/up
+//!   rate.
 //!
 //! The raw baseline does the minimum by hand, on the same cheap path lockset uses (commands
 //! built once, scripts pre-loaded and sent by EVALSHA): W1 and W2 obtain with
@@ -40,7 +46,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use lockset::redis::aio::{ConnectionLike, MultiplexedConnection};
 use lockset::redis::{self, Cmd, Pipeline, RedisFuture, Script, Value};
-use lockset::{Client, Mode, Options, Retry};
+use lockset::{Client, Mode, Options, QuorumConfig, Retry};
 use rand::Rng as _;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -258,6 +264,78 @@ struct Bench {
     lockset: Client<Counted>,
     raw_per_task: Vec<Raw>,
     lockset_per_task: Vec<Client<Counted>>,
+    /// W5's masters and clients, when W5 runs.
+    redlock: Option<Redlock>,
+}
+
+/// Five masters of their own (W5), lockset's quorum client over them, and rslock's.
+struct Redlock {
+    servers: Vec<server::RedisServer>,
+    lockset: Client<Counted>,
+    rslock: rslock::LockManager,
+}
+
+/// Which of W5's masters the `paused` rows pause.
+const PAUSED_MASTER: usize = 2;
+
+impl Redlock {
+    async fn start() -> Self {
+        let servers: Vec<server::RedisServer> =
+            (0..5).map(|_| server::RedisServer::start()).collect();
+        let mut nodes = Vec::new();
+        for server in &servers {
+            let client = redis::Client::open(server.url()).expect("url");
+            let conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
+            nodes.push(Client::new(Counted(conn)));
+        }
+        let lockset = Client::quorum(nodes, QuorumConfig::default()).expect("quorum");
+        let urls: Vec<String> = servers.iter().map(server::RedisServer::url).collect();
+        let rslock = rslock::LockManager::new(urls);
+        let redlock = Self {
+            servers,
+            lockset,
+            rslock,
+        };
+        // Both connect to every master (and load their scripts) while all are up.
+        for which in [Impl::Raw, Impl::Lockset] {
+            redlock.cycle(which, "{w5}:warm").await;
+        }
+        redlock
+    }
+
+    /// One obtain + release of `key`.
+    async fn cycle(&self, which: Impl, key: &str) {
+        match which {
+            Impl::Raw => {
+                let lock = self
+                    .rslock
+                    .lock(key.as_bytes(), TTL)
+                    .await
+                    .expect("rslock: uncontended lock");
+                self.rslock.unlock(&lock).await;
+            }
+            Impl::Lockset => {
+                let lock = self
+                    .lockset
+                    .obtain(key, TTL, &Options::default())
+                    .await
+                    .expect("lockset: uncontended Redlock obtain");
+                lock.release().await.expect("release");
+            }
+        }
+    }
+
+    fn pause(&self, paused: bool) {
+        let server = &self.servers[PAUSED_MASTER];
+        if paused {
+            server.pause()
+        } else {
+            server.resume()
+        }
+    }
 }
 
 async fn lockset_client(client: &redis::Client) -> Client<Counted> {
@@ -364,6 +442,10 @@ impl Bench {
                     while !stop.load(Ordering::Relaxed) {
                         let start = Instant::now();
                         match which {
+                            _ if workload.name == "w5" => {
+                                let redlock = bench.redlock.as_ref().expect("W5's masters");
+                                redlock.cycle(which, &keys[0]).await;
+                            }
                             Impl::Raw if workload.name == "w4" => {
                                 let lock = bench
                                     .lockset
@@ -551,12 +633,23 @@ fn workloads() -> Vec<Workload> {
             ..base
         });
     }
-    // BENCH_ONLY=w2 (or w1:64, w2:procs, w3:1000, w4:read) runs just those workloads.
+    for clients in ["up", "paused"] {
+        for concurrency in [1, 16] {
+            workloads.push(Workload {
+                name: "w5",
+                clients,
+                concurrency,
+                ..base
+            });
+        }
+    }
+    // BENCH_ONLY=w2 (or w1:64, w2:procs, w3:1000, w4:read, w5:paused) runs just those
+    // workloads.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         workloads.retain(|w| {
             let tag = match w.name {
                 "w1" => format!("{}:{}", w.name, w.concurrency),
-                "w2" | "w4" => format!("{}:{}", w.name, w.clients),
+                "w2" | "w4" | "w5" => format!("{}:{}", w.name, w.clients),
                 _ => format!("{}:{}", w.name, w.keys),
             };
             only.split(',')
@@ -585,6 +678,10 @@ async fn main() {
         lockset: lockset_client(&client).await,
         raw_per_task,
         lockset_per_task,
+        redlock: match workloads().iter().any(|w| w.name == "w5") {
+            true => Some(Redlock::start().await),
+            false => None,
+        },
     });
 
     let workloads = workloads();
@@ -592,6 +689,10 @@ async fn main() {
     // Per workload, the lockset/raw throughput ratio of each pair of back-to-back rounds.
     let mut round_ratios: BTreeMap<Workload, Vec<f64>> = BTreeMap::new();
     for workload in &workloads {
+        let paused = workload.name == "w5" && workload.clients == "paused";
+        if let (true, Some(redlock)) = (paused, &bench.redlock) {
+            redlock.pause(true);
+        }
         for round in 0..ROUNDS {
             let mut rates = [0.0; 2];
             // Alternate which goes first, so neither always runs on a warmer machine.
@@ -621,6 +722,9 @@ async fn main() {
                 .entry(*workload)
                 .or_default()
                 .push(rates[1] / rates[0]);
+        }
+        if let (true, Some(redlock)) = (paused, &bench.redlock) {
+            redlock.pause(false);
         }
     }
     report(results, round_ratios);
@@ -707,8 +811,24 @@ fn report(
         } else {
             "-".to_string()
         };
+        // W5's masters are not the one `commands()` asks, and its peer's requests are not
+        // counted.
+        let (commands, requests) = if workload.name == "w5" {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (
+                format!(
+                    "{:.1} → {:.1}",
+                    raw.commands_per_op, lockset.commands_per_op
+                ),
+                format!(
+                    "{:.2} → {:.2}",
+                    raw.requests_per_op, lockset.requests_per_op
+                ),
+            )
+        };
         println!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {:.1} → {:.1} | {:.2} → {:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {} | {} | {} | {} |",
             workload.name,
             workload.clients,
             workload.concurrency,
@@ -722,12 +842,39 @@ fn report(
             lockset.p50,
             lockset.p99,
             handoff,
-            raw.commands_per_op,
-            lockset.commands_per_op,
-            raw.requests_per_op,
-            lockset.requests_per_op,
+            commands,
+            requests,
             share,
             raw.violations + lockset.violations,
         );
+    }
+    paused_against_up(&summary);
+}
+
+/// W5: each implementation's rate with a master paused, against its rate with all up.
+fn paused_against_up(summary: &[(Workload, Impl, Figures)]) {
+    let rate = |clients: &str, concurrency: usize, which: Impl| {
+        summary
+            .iter()
+            .find(|(w, i, _)| {
+                w.name == "w5"
+                    && w.clients == clients
+                    && w.concurrency == concurrency
+                    && *i == which
+            })
+            .map(|(_, _, figures)| figures.ops_per_sec)
+    };
+    for concurrency in [1, 16] {
+        for (which, name) in [(Impl::Lockset, "lockset"), (Impl::Raw, "rslock")] {
+            if let (Some(up), Some(paused)) = (
+                rate("up", concurrency, which),
+                rate("paused", concurrency, which),
+            ) {
+                println!(
+                    "w5 C={concurrency} {name}: {paused:.0} ops/s with a master paused, {up:.0} all up: {:.2}",
+                    paused / up
+                );
+            }
+        }
     }
 }
