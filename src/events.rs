@@ -113,7 +113,9 @@ struct Inner {
 /// Where to open the pub/sub connection.
 #[derive(Clone)]
 enum Source {
-    Server(redis::Client),
+    /// Boxed: with redis-rs's TLS support on (a dependency may turn it on), a client is
+    /// ten times the size of the other variant.
+    Server(Box<redis::Client>),
     #[cfg(feature = "cluster")]
     Cluster(Vec<redis::ConnectionInfo>),
 }
@@ -317,7 +319,7 @@ impl Events {
     /// Release events over a pub/sub connection to the server behind `client` (RESP3),
     /// opened when the first waiter listens.
     pub(crate) fn new(client: redis::Client) -> Self {
-        Self::with_source(Source::Server(client), None)
+        Self::with_source(Source::Server(Box::new(client)), None)
     }
 
     /// Release events over sharded pub/sub on the cluster behind `nodes` (RESP3).

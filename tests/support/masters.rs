@@ -163,6 +163,7 @@ impl Cycles {
             sorted.sort();
             let middle = sorted[sorted.len() / 2];
             let last = sorted[sorted.len() - 1];
+            println!("{what}: median {middle:?}, slowest {last:?}");
             assert!(
                 middle < median && last < slowest,
                 "{what}: median {middle:?} (bound {median:?}), slowest {last:?} (bound \
