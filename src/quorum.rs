@@ -269,9 +269,7 @@ where
             }
         });
         let needed = self.needed(claim);
-        let (counted, mut decide) = ballot
-            .count(needed, Some(&self.identities), Linger::No)
-            .await;
+        let (counted, mut decide) = ballot.count(needed, Some(&self.identities)).await;
         let answered: Vec<usize> = counted.votes.iter().map(|(master, _)| *master).collect();
         let valid = self.still_valid(start, claim.ttl.duration);
         let verdict = counted.verdict(self, QuorumOp::Obtain, valid, needed);
@@ -340,9 +338,7 @@ where
             }
         });
         let needed = self.needed(claim);
-        let (counted, mut decide) = ballot
-            .count(needed, Some(&self.identities), Linger::No)
-            .await;
+        let (counted, mut decide) = ballot.count(needed, Some(&self.identities)).await;
         let valid = self.still_valid(start, claim.ttl.duration);
         let verdict = counted.verdict(self, QuorumOp::Refresh, valid, needed);
         decide(matches!(verdict, Ok(true)));
@@ -439,11 +435,8 @@ where
                 let _ = votes.send(Vote::from_answer(answer, limit));
             }
         });
-        // The deletes go on whatever this finds: they only ever take this lock's keys. The
-        // other masters' deletes are waited for as long again as the decision took: masters
-        // that are up are done by then, and an obtain right after does not find the lock
-        // still there (with masters down, a minority still holding it can be one too many).
-        let (counted, mut decide) = ballot.count(needed, None, Linger::AsLongAgain).await;
+        // The deletes go on whatever this finds: they only ever take this lock's keys.
+        let (counted, mut decide) = ballot.count(needed, None).await;
         decide(true);
         counted.verdict(self, QuorumOp::Release, true, needed)
     }
@@ -542,15 +535,6 @@ where
         }
         counted
     }
-}
-
-/// What a ballot does once its outcome is decided.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Linger {
-    /// Returns at once.
-    No,
-    /// Collects the other masters' votes for as long again as the decision took.
-    AsLongAgain,
 }
 
 /// How long an operation run in place goes on.
@@ -734,15 +718,13 @@ struct Ballot {
 
 impl Ballot {
     /// Collects votes until the outcome is decided (or every master answered), or, with
-    /// `identities`, until two masters turn out to be one server; then per `linger`.
-    /// Returns them with the way to announce the verdict to the tasks.
+    /// `identities`, until two masters turn out to be one server. Returns them with the way
+    /// to announce the verdict to the tasks.
     async fn count(
         mut self,
         majority: usize,
         identities: Option<&Identities>,
-        linger: Linger,
     ) -> (Counted<()>, impl FnMut(bool)) {
-        let start = Instant::now();
         let mut tally = Tally::new(self.nodes, majority);
         let mut counted = Counted {
             votes: Vec::with_capacity(self.nodes),
@@ -755,17 +737,6 @@ impl Ballot {
             tally.add(&vote);
             counted.votes.push((index, vote));
             counted.duplicate = identities.and_then(Identities::duplicate);
-        }
-        if linger == Linger::AsLongAgain {
-            let rest = async {
-                while counted.votes.len() < self.nodes {
-                    match self.votes.recv().await {
-                        Some(vote) => counted.votes.push(vote),
-                        None => break,
-                    }
-                }
-            };
-            let _ = timeout(start.elapsed(), rest).await;
         }
         let verdict = self.verdict;
         let decide = move |success: bool| {

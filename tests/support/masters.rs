@@ -144,11 +144,11 @@ impl Cycles {
             let lock = redlock
                 .obtain(key, super::ms(10_000), &Options::default())
                 .await
-                .unwrap_or_else(|err| panic!("obtain {key}: {err:?}"));
+                .unwrap_or_else(|err| panic!("obtain {key}: {err}"));
             let obtained = tokio::time::Instant::now();
             lock.release()
                 .await
-                .unwrap_or_else(|err| panic!("release {key}: {err:?}"));
+                .unwrap_or_else(|err| panic!("release {key}: {err}"));
             cycles.obtains.push(obtained - start);
             cycles.releases.push(obtained.elapsed());
         }
