@@ -137,12 +137,19 @@ pub struct Cycles {
 
 impl Cycles {
     /// Runs `count` cycles on `redlock` (obtain `key` for 10 s, release at once).
+    ///
+    /// A release returns once a majority deleted the lock: a master still busy with the
+    /// lock's obtain deletes it a moment later. With masters down, the next obtain may find
+    /// it there, on one master too many: it retries (every 2 ms).
     pub async fn run(redlock: &Client<ConnectionManager>, key: &str, count: usize) -> Self {
+        let options = Options::default()
+            .retry(Retry::linear(super::ms(2)))
+            .timeout(super::ms(2_000));
         let mut cycles = Self::default();
         for _ in 0..count {
             let start = tokio::time::Instant::now();
             let lock = redlock
-                .obtain(key, super::ms(10_000), &Options::default())
+                .obtain(key, super::ms(10_000), &options)
                 .await
                 .unwrap_or_else(|err| panic!("obtain {key}: {err}"));
             let obtained = tokio::time::Instant::now();
