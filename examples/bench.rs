@@ -21,8 +21,9 @@
 //!   of its own, all up (`up`) or with one paused by SIGSTOP (`paused`), no retry. Its
 //!   baseline (the "raw" columns) is the Redlock peer rslock (`LockManager`, five masters,
 //!   default settings: redis-rs's 500 ms response timeout per master); its server commands
-//!   and requests are not counted (`-`). Below the table: each implementation's paused/up
-//!   rate.
+//!   and requests are not counted (`-`). The `up` and `paused` rows of one concurrency
+//!   alternate round by round (the master is resumed, and its backlog worked off, between);
+//!   below the table: each implementation's paused/up rate.
 //!
 //! The raw baseline does the minimum by hand, on the same cheap path lockset uses (commands
 //! built once, scripts pre-loaded and sent by EVALSHA): W1 and W2 obtain with
@@ -265,7 +266,7 @@ struct Bench {
     raw_per_task: Vec<Raw>,
     lockset_per_task: Vec<Client<Counted>>,
     /// W5's masters and clients, when W5 runs.
-    redlock: Option<Redlock>,
+    redlock: Option<Mutex<Redlock>>,
 }
 
 /// Five masters of their own (W5), lockset's quorum client over them, and rslock's.
@@ -273,6 +274,27 @@ struct Redlock {
     servers: Vec<server::RedisServer>,
     lockset: Client<Counted>,
     rslock: rslock::LockManager,
+    paused: bool,
+}
+
+/// One Redlock obtain + release of `key` (W5).
+async fn cycle(lockset: &Client<Counted>, rslock: &rslock::LockManager, which: Impl, key: &str) {
+    match which {
+        Impl::Raw => {
+            let lock = rslock
+                .lock(key.as_bytes(), TTL)
+                .await
+                .expect("rslock: uncontended lock");
+            rslock.unlock(&lock).await;
+        }
+        Impl::Lockset => {
+            let lock = lockset
+                .obtain(key, TTL, &Options::default())
+                .await
+                .expect("lockset: uncontended Redlock obtain");
+            lock.release().await.expect("release");
+        }
+    }
 }
 
 /// Which of W5's masters the `paused` rows pause.
@@ -298,6 +320,7 @@ impl Redlock {
             servers,
             lockset,
             rslock,
+            paused: false,
         };
         // Both connect to every master (and load their scripts) while all are up.
         for which in [Impl::Raw, Impl::Lockset] {
@@ -306,36 +329,64 @@ impl Redlock {
         redlock
     }
 
-    /// One obtain + release of `key`.
     async fn cycle(&self, which: Impl, key: &str) {
-        match which {
-            Impl::Raw => {
-                let lock = self
-                    .rslock
-                    .lock(key.as_bytes(), TTL)
-                    .await
-                    .expect("rslock: uncontended lock");
-                self.rslock.unlock(&lock).await;
-            }
-            Impl::Lockset => {
-                let lock = self
-                    .lockset
-                    .obtain(key, TTL, &Options::default())
-                    .await
-                    .expect("lockset: uncontended Redlock obtain");
-                lock.release().await.expect("release");
-            }
+        cycle(&self.lockset, &self.rslock, which, key).await;
+    }
+
+    /// Pauses the master (SIGSTOP), once.
+    fn pause(&mut self) {
+        if !self.paused {
+            self.servers[PAUSED_MASTER].pause();
+            self.paused = true;
         }
     }
 
-    fn pause(&self, paused: bool) {
-        let server = &self.servers[PAUSED_MASTER];
-        if paused {
-            server.pause()
-        } else {
-            server.resume()
+    /// Resumes the paused master, and waits until it worked off its backlog (the rounds'
+    /// obtains and deletes) and lockset's background work is done.
+    async fn resume(&mut self) {
+        if !self.paused {
+            return;
+        }
+        self.servers[PAUSED_MASTER].resume();
+        self.paused = false;
+        let idle = self.lockset.background_idle();
+        let _ = tokio::time::timeout(Duration::from_secs(30), idle).await;
+        self.cycle(Impl::Raw, "{w5}:settled").await;
+        self.cycle(Impl::Lockset, "{w5}:settled").await;
+    }
+}
+
+impl Bench {
+    /// W5's `paused` rows run with a master paused, every other row with all up.
+    async fn pause_for(&self, workload: &Workload) {
+        let Some(redlock) = &self.redlock else {
+            return;
+        };
+        let mut redlock = redlock.lock().await;
+        match workload.name == "w5" && workload.clients == "paused" {
+            true => redlock.pause(),
+            false => redlock.resume().await,
         }
     }
+}
+
+/// The workloads in groups whose rounds alternate: W5's `up` and `paused` rows of one
+/// concurrency (their rates are compared with each other, so machine noise must hit both
+/// alike), every other workload alone.
+fn passes(workloads: &[Workload]) -> Vec<Vec<Workload>> {
+    let mut passes: Vec<Vec<Workload>> = Vec::new();
+    for workload in workloads {
+        let partner = passes.iter_mut().find(|pass| {
+            pass.iter().all(|w| {
+                w.name == "w5" && workload.name == "w5" && w.concurrency == workload.concurrency
+            })
+        });
+        match partner {
+            Some(pass) => pass.push(*workload),
+            None => passes.push(vec![*workload]),
+        }
+    }
+    passes
 }
 
 async fn lockset_client(client: &redis::Client) -> Client<Counted> {
@@ -444,7 +495,11 @@ impl Bench {
                         match which {
                             _ if workload.name == "w5" => {
                                 let redlock = bench.redlock.as_ref().expect("W5's masters");
-                                redlock.cycle(which, &keys[0]).await;
+                                let (lockset, rslock) = {
+                                    let redlock = redlock.lock().await;
+                                    (redlock.lockset.clone(), redlock.rslock.clone())
+                                };
+                                cycle(&lockset, &rslock, which, &keys[0]).await;
                             }
                             Impl::Raw if workload.name == "w4" => {
                                 let lock = bench
@@ -679,7 +734,7 @@ async fn main() {
         raw_per_task,
         lockset_per_task,
         redlock: match workloads().iter().any(|w| w.name == "w5") {
-            true => Some(Redlock::start().await),
+            true => Some(Mutex::new(Redlock::start().await)),
             false => None,
         },
     });
@@ -688,44 +743,48 @@ async fn main() {
     let mut results: BTreeMap<(Workload, Impl), Sample> = BTreeMap::new();
     // Per workload, the lockset/raw throughput ratio of each pair of back-to-back rounds.
     let mut round_ratios: BTreeMap<Workload, Vec<f64>> = BTreeMap::new();
-    for workload in &workloads {
-        let paused = workload.name == "w5" && workload.clients == "paused";
-        if let (true, Some(redlock)) = (paused, &bench.redlock) {
-            redlock.pause(true);
-        }
+    for pass in passes(&workloads) {
         for round in 0..ROUNDS {
-            let mut rates = [0.0; 2];
-            // Alternate which goes first, so neither always runs on a warmer machine.
-            let order = if round % 2 == 0 {
-                [Impl::Raw, Impl::Lockset]
-            } else {
-                [Impl::Lockset, Impl::Raw]
-            };
-            for which in order {
-                // BENCH_IMPL=raw or lockset measures just one (for profiling).
-                if std::env::var("BENCH_IMPL").is_ok_and(|only| only != which.name()) {
-                    rates[which as usize] = 1.0;
-                    continue;
+            for workload in &pass {
+                bench.pause_for(workload).await;
+                let mut rates = [0.0; 2];
+                // Alternate which goes first, so neither always runs on a warmer machine.
+                let order = if round % 2 == 0 {
+                    [Impl::Raw, Impl::Lockset]
+                } else {
+                    [Impl::Lockset, Impl::Raw]
+                };
+                for which in order {
+                    // BENCH_IMPL=raw or lockset measures just one (for profiling).
+                    if std::env::var("BENCH_IMPL").is_ok_and(|only| only != which.name()) {
+                        rates[which as usize] = 1.0;
+                        continue;
+                    }
+                    let sample = bench.run(which, *workload).await;
+                    rates[which as usize] = sample.ops as f64 / sample.seconds;
+                    results.entry((*workload, which)).or_default().merge(sample);
                 }
-                let sample = bench.run(which, *workload).await;
-                rates[which as usize] = sample.ops as f64 / sample.seconds;
-                results.entry((*workload, which)).or_default().merge(sample);
+                // BENCH_ROUNDS=1 prints each round's rates (to see how much they vary).
+                if std::env::var("BENCH_ROUNDS").is_ok() {
+                    eprintln!(
+                        "{} {} {} {} round {round}: raw {:.0} lockset {:.0}",
+                        workload.name,
+                        workload.clients,
+                        workload.concurrency,
+                        workload.hold_ms,
+                        rates[0],
+                        rates[1]
+                    );
+                }
+                round_ratios
+                    .entry(*workload)
+                    .or_default()
+                    .push(rates[1] / rates[0]);
             }
-            // BENCH_ROUNDS=1 prints each round's rates (to see how much they vary).
-            if std::env::var("BENCH_ROUNDS").is_ok() {
-                eprintln!(
-                    "{} {} round {round}: raw {:.0} lockset {:.0}",
-                    workload.name, workload.hold_ms, rates[0], rates[1]
-                );
-            }
-            round_ratios
-                .entry(*workload)
-                .or_default()
-                .push(rates[1] / rates[0]);
         }
-        if let (true, Some(redlock)) = (paused, &bench.redlock) {
-            redlock.pause(false);
-        }
+    }
+    if let Some(redlock) = &bench.redlock {
+        redlock.lock().await.resume().await;
     }
     report(results, round_ratios);
 }
