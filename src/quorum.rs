@@ -38,7 +38,7 @@ use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
 use tokio::sync::{mpsc, watch};
-use tokio::time::{Instant, timeout};
+use tokio::time::{Instant, error::Elapsed, timeout};
 
 use crate::distinct::Identities;
 use crate::error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
@@ -239,35 +239,29 @@ where
             ..how
         };
         let stragglers = self.stragglers();
-        let ballot = self.ballot(claim, Some(&stragglers), move |share| async move {
-            let Share {
-                master,
-                store,
-                claim,
-                votes,
-                verdict,
-                identities,
-                writing,
-            } = share;
-            let _writing = writing;
-            let claim = claim.claim();
-            let obtained = identities
-                .beside(master, &store, limit, store.obtain(&claim, how))
-                .await;
-            let vote = match obtained {
-                Ok(Ok(Obtain::Obtained { .. })) => Vote::Yes(()),
-                // Nothing was written there.
-                Ok(Ok(Obtain::Held { .. })) => Vote::No(NodeFailure::Refused),
-                Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
-                Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
-            };
-            let written = !matches!(vote, Vote::No(_));
-            let _ = votes.send(vote);
-            // A caller that went away (cancelled) will not use the lock: undo it too.
-            if random && written && verdict.wait().await != Verdict::Success {
-                let _ = timeout(limit, store.release_by_eval(&claim)).await;
-            }
-        });
+        let ballot = self.ballot(
+            claim,
+            Some(&stragglers),
+            limit,
+            move |mut share| async move {
+                let _writing = share.writing.take();
+                let claim = share.claim.claim();
+                let obtained = share.answer(share.store.obtain(&claim, how)).await;
+                let vote = match obtained {
+                    Ok(Ok(Obtain::Obtained { .. })) => Vote::Yes(()),
+                    // Nothing was written there.
+                    Ok(Ok(Obtain::Held { .. })) => Vote::No(NodeFailure::Refused),
+                    Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
+                    Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
+                };
+                let written = !matches!(vote, Vote::No(_));
+                let _ = share.votes.send(vote);
+                // A caller that went away (cancelled) will not use the lock: undo it too.
+                if random && written && share.verdict.wait().await != Verdict::Success {
+                    let _ = timeout(limit, share.store.release_by_eval(&claim)).await;
+                }
+            },
+        );
         let needed = self.needed(claim);
         let (counted, mut decide) = ballot.count(needed, Some(&self.identities)).await;
         let answered: Vec<usize> = counted.votes.iter().map(|(master, _)| *master).collect();
@@ -312,31 +306,25 @@ where
         let start = Instant::now();
         self.check_distinct()?;
         let limit = self.node_timeout(claim.ttl.duration);
-        let ballot = self.ballot(claim, Some(stragglers), move |share| async move {
-            let Share {
-                master,
-                store,
-                claim,
-                votes,
-                verdict,
-                identities,
-                writing,
-            } = share;
-            // Released meanwhile: nothing more is sent.
-            let Some(_writing) = writing else {
-                let _ = votes.send(Vote::No(NodeFailure::Missing));
-                return;
-            };
-            let claim = claim.claim();
-            let answer = identities
-                .beside(master, &store, limit, store.refresh(&claim, false))
-                .await;
-            let missing = matches!(answer, Ok(Ok(Holding::Missing)));
-            let _ = votes.send(Vote::from_answer(answer, limit));
-            if missing && verdict.wait().await == Verdict::Success {
-                let _ = timeout(limit, store.refresh(&claim, true)).await;
-            }
-        });
+        let ballot = self.ballot(
+            claim,
+            Some(stragglers),
+            limit,
+            move |mut share| async move {
+                // Released meanwhile: nothing more is sent.
+                let Some(_writing) = share.writing.take() else {
+                    let _ = share.votes.send(Vote::No(NodeFailure::Missing));
+                    return;
+                };
+                let claim = share.claim.claim();
+                let answer = share.answer(share.store.refresh(&claim, false)).await;
+                let missing = matches!(answer, Ok(Ok(Holding::Missing)));
+                let _ = share.votes.send(Vote::from_answer(answer, limit));
+                if missing && share.verdict.wait().await == Verdict::Success {
+                    let _ = timeout(limit, share.store.refresh(&claim, true)).await;
+                }
+            },
+        );
         let needed = self.needed(claim);
         let (counted, mut decide) = ballot.count(needed, Some(&self.identities)).await;
         let valid = self.still_valid(start, claim.ttl.duration);
@@ -417,22 +405,15 @@ where
             return counted.verdict(self, QuorumOp::Release, true, needed);
         }
         let payload: Option<Arc<str>> = payload.map(Arc::from);
-        let ballot = self.ballot(claim, None, |share| {
+        let ballot = self.ballot(claim, None, limit, |share| {
             let (payload, stragglers) = (payload.clone(), stragglers.clone());
             async move {
-                let Share {
-                    master,
-                    store,
-                    claim,
-                    votes,
-                    identities,
-                    ..
-                } = share;
-                stragglers.written(master).await;
-                let claim = claim.claim();
-                let released = store.release(&claim, payload.as_deref());
-                let answer = identities.beside(master, &store, limit, released).await;
-                let _ = votes.send(Vote::from_answer(answer, limit));
+                stragglers.written(share.master).await;
+                let claim = share.claim.claim();
+                let answer = share
+                    .answer(share.store.release(&claim, payload.as_deref()))
+                    .await;
+                let _ = share.votes.send(Vote::from_answer(answer, limit));
             }
         });
         // The deletes go on whatever this finds: they only ever take this lock's keys.
@@ -459,6 +440,7 @@ where
         &self,
         claim: &Claim<'_>,
         stragglers: Option<&Arc<Stragglers>>,
+        limit: Duration,
         work: F,
     ) -> Ballot
     where
@@ -479,6 +461,7 @@ where
                 },
                 verdict: VerdictReceiver(verdict.subscribe()),
                 identities: self.identities.clone(),
+                limit,
                 writing: stragglers.and_then(|stragglers| stragglers.writing(master)),
             };
             if self.tasks.spawn(work(share)).is_none() {
@@ -627,9 +610,25 @@ struct Share<C> {
     votes: VoteSender,
     verdict: VerdictReceiver,
     identities: Arc<Identities>,
+    /// The per-node time limit.
+    limit: Duration,
     /// The write this task is about to send, registered with the lock's stragglers; `None`
     /// when the operation registers none, or the lock's release started.
     writing: Option<Writing>,
+}
+
+impl<C> Share<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// This master's answer to `op` within the limit, its run id asked for beside it if
+    /// it never answered (see `distinct.rs`).
+    async fn answer<T>(&self, op: impl Future<Output = T>) -> Result<T, Elapsed> {
+        let identities = &self.identities;
+        identities
+            .beside(self.master, &self.store, self.limit, op)
+            .await
+    }
 }
 
 impl<T> Vote<T> {
