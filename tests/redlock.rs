@@ -501,9 +501,7 @@ async fn two_masters_killed_from_the_start_hold_up_nothing_either() {
 async fn a_master_paused_after_warm_up_holds_up_nothing() {
     let m = Masters::start(QuorumConfig::default()).await;
     // Every master answered, scripts loaded, run ids known.
-    Cycles::run(&m.redlock, "job", CYCLES)
-        .await
-        .assert_within(MEDIAN, SLOWEST);
+    Cycles::run(&m.redlock, "job", 3).await;
     m.servers[4].pause();
     let cycles = Cycles::run(&m.redlock, "job", CYCLES).await;
     m.servers[4].resume();
