@@ -21,6 +21,13 @@
 //!   counting only once the replica acknowledged it: lockset with
 //!   `Client::replicated(Replication::replicas(1))`, raw with `SET key value NX PX ttl` and
 //!   `WAIT 1 250` in one request.
+//! - W5 Redlock: C tasks, each on its own key, obtain + release on a quorum of five masters
+//!   of its own, all up (`up`) or with one paused by SIGSTOP (`paused`), no retry. Its
+//!   baseline (the "raw" columns) is the Redlock peer rslock (`LockManager`, five masters,
+//!   default settings: redis-rs's 500 ms response timeout per master); its server commands
+//!   and requests are not counted (`-`). The `up` and `paused` rows of one concurrency
+//!   alternate round by round (the master is resumed, and its backlog worked off, between);
+//!   below the table: each implementation's paused/up rate.
 //!
 //! The raw baseline does the minimum by hand, on the same cheap path lockset uses (commands
 //! built once, scripts pre-loaded and sent by EVALSHA): W1 and W2 obtain with
@@ -44,7 +51,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use lockset::redis::aio::{ConnectionLike, MultiplexedConnection};
 use lockset::redis::{self, Cmd, Pipeline, RedisFuture, Script, Value};
-use lockset::{Client, Mode, Options, Replication, Retry};
+use lockset::{Client, Mode, Options, QuorumConfig, Replication, Retry};
 use rand::Rng as _;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -281,6 +288,128 @@ struct Bench {
     lockset: Client<Counted>,
     raw_per_task: Vec<Raw>,
     lockset_per_task: Vec<Client<Counted>>,
+    /// W5's masters and clients, when W5 runs.
+    redlock: Option<Mutex<Redlock>>,
+}
+
+/// Five masters of their own (W5), lockset's quorum client over them, and rslock's.
+struct Redlock {
+    servers: Vec<server::RedisServer>,
+    lockset: Client<Counted>,
+    rslock: rslock::LockManager,
+    paused: bool,
+}
+
+/// One Redlock obtain + release of `key` (W5).
+async fn cycle(lockset: &Client<Counted>, rslock: &rslock::LockManager, which: Impl, key: &str) {
+    match which {
+        Impl::Raw => {
+            let lock = rslock
+                .lock(key.as_bytes(), TTL)
+                .await
+                .expect("rslock: uncontended lock");
+            rslock.unlock(&lock).await;
+        }
+        Impl::Lockset => {
+            let lock = lockset
+                .obtain(key, TTL, &Options::default())
+                .await
+                .expect("lockset: uncontended Redlock obtain");
+            lock.release().await.expect("release");
+        }
+    }
+}
+
+/// Which of W5's masters the `paused` rows pause.
+const PAUSED_MASTER: usize = 2;
+
+impl Redlock {
+    async fn start() -> Self {
+        let servers: Vec<server::RedisServer> =
+            (0..5).map(|_| server::RedisServer::start()).collect();
+        let mut nodes = Vec::new();
+        for server in &servers {
+            let client = redis::Client::open(server.url()).expect("url");
+            let conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect");
+            nodes.push(Client::new(Counted(conn)));
+        }
+        let lockset = Client::quorum(nodes, QuorumConfig::default()).expect("quorum");
+        let urls: Vec<String> = servers.iter().map(server::RedisServer::url).collect();
+        let rslock = rslock::LockManager::new(urls);
+        let redlock = Self {
+            servers,
+            lockset,
+            rslock,
+            paused: false,
+        };
+        // Both connect to every master (and load their scripts) while all are up.
+        for which in [Impl::Raw, Impl::Lockset] {
+            redlock.cycle(which, "{w5}:warm").await;
+        }
+        redlock
+    }
+
+    async fn cycle(&self, which: Impl, key: &str) {
+        cycle(&self.lockset, &self.rslock, which, key).await;
+    }
+
+    /// Pauses the master (SIGSTOP), once.
+    fn pause(&mut self) {
+        if !self.paused {
+            self.servers[PAUSED_MASTER].pause();
+            self.paused = true;
+        }
+    }
+
+    /// Resumes the paused master, and waits until it worked off its backlog (the rounds'
+    /// obtains and deletes) and lockset's background work is done.
+    async fn resume(&mut self) {
+        if !self.paused {
+            return;
+        }
+        self.servers[PAUSED_MASTER].resume();
+        self.paused = false;
+        let idle = self.lockset.background_idle();
+        let _ = tokio::time::timeout(Duration::from_secs(30), idle).await;
+        self.cycle(Impl::Raw, "{w5}:settled").await;
+        self.cycle(Impl::Lockset, "{w5}:settled").await;
+    }
+}
+
+impl Bench {
+    /// W5's `paused` rows run with a master paused, every other row with all up.
+    async fn pause_for(&self, workload: &Workload) {
+        let Some(redlock) = &self.redlock else {
+            return;
+        };
+        let mut redlock = redlock.lock().await;
+        match workload.name == "w5" && workload.clients == "paused" {
+            true => redlock.pause(),
+            false => redlock.resume().await,
+        }
+    }
+}
+
+/// The workloads in groups whose rounds alternate: W5's `up` and `paused` rows of one
+/// concurrency (their rates are compared with each other, so machine noise must hit both
+/// alike), every other workload alone.
+fn passes(workloads: &[Workload]) -> Vec<Vec<Workload>> {
+    let mut passes: Vec<Vec<Workload>> = Vec::new();
+    for workload in workloads {
+        let partner = passes.iter_mut().find(|pass| {
+            pass.iter().all(|w| {
+                w.name == "w5" && workload.name == "w5" && w.concurrency == workload.concurrency
+            })
+        });
+        match partner {
+            Some(pass) => pass.push(*workload),
+            None => passes.push(vec![*workload]),
+        }
+    }
+    passes
 }
 
 async fn lockset_client(client: &redis::Client, replicas: Option<u32>) -> Client<Counted> {
@@ -395,6 +524,14 @@ impl Bench {
                     while !stop.load(Ordering::Relaxed) {
                         let start = Instant::now();
                         match which {
+                            _ if workload.name == "w5" => {
+                                let redlock = bench.redlock.as_ref().expect("W5's masters");
+                                let (lockset, rslock) = {
+                                    let redlock = redlock.lock().await;
+                                    (redlock.lockset.clone(), redlock.rslock.clone())
+                                };
+                                cycle(&lockset, &rslock, which, &keys[0]).await;
+                            }
                             Impl::Raw if workload.name == "w4" => {
                                 let lock = bench
                                     .lockset
@@ -596,12 +733,23 @@ fn workloads() -> Vec<Workload> {
             ..base
         });
     }
-    // BENCH_ONLY=w2 (or w1:64, w2:procs, w3:1000, w4:read) runs just those workloads.
+    for clients in ["up", "paused"] {
+        for concurrency in [1, 16] {
+            workloads.push(Workload {
+                name: "w5",
+                clients,
+                concurrency,
+                ..base
+            });
+        }
+    }
+    // BENCH_ONLY=w2 (or w1:64, w2:procs, w3:1000, w4:read, w5:paused) runs just those
+    // workloads.
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         workloads.retain(|w| {
             let tag = match w.name {
                 "w1" | "w1r" => format!("{}:{}", w.name, w.concurrency),
-                "w2" | "w2r" | "w4" => format!("{}:{}", w.name, w.clients),
+                "w2" | "w2r" | "w4" | "w5" => format!("{}:{}", w.name, w.clients),
                 _ => format!("{}:{}", w.name, w.keys),
             };
             only.split(',')
@@ -630,6 +778,7 @@ impl Bench {
             lockset: lockset_client(client, replicas).await,
             raw_per_task,
             lockset_per_task,
+            redlock: None,
         }
     }
 }
@@ -652,7 +801,11 @@ async fn main() {
     let (url, _server) = server::url_or_start();
     let client = redis::Client::open(url.as_str()).expect("url");
     let workloads = workloads();
-    let bench = Arc::new(Bench::new(&client, None).await);
+    let mut bench = Bench::new(&client, None).await;
+    if workloads.iter().any(|w| w.name == "w5") {
+        bench.redlock = Some(Mutex::new(Redlock::start().await));
+    }
+    let bench = Arc::new(bench);
     // The replicated workloads run on a primary of their own, with one replica.
     let mut _replicated_servers = None;
     let mut replicated = None;
@@ -665,41 +818,52 @@ async fn main() {
     let mut results: BTreeMap<(Workload, Impl), Sample> = BTreeMap::new();
     // Per workload, the lockset/raw throughput ratio of each pair of back-to-back rounds.
     let mut round_ratios: BTreeMap<Workload, Vec<f64>> = BTreeMap::new();
-    for workload in &workloads {
+    for pass in passes(&workloads) {
         for round in 0..ROUNDS {
-            let mut rates = [0.0; 2];
-            // Alternate which goes first, so neither always runs on a warmer machine.
-            let order = if round % 2 == 0 {
-                [Impl::Raw, Impl::Lockset]
-            } else {
-                [Impl::Lockset, Impl::Raw]
-            };
-            for which in order {
-                // BENCH_IMPL=raw or lockset measures just one (for profiling).
-                if std::env::var("BENCH_IMPL").is_ok_and(|only| only != which.name()) {
-                    rates[which as usize] = 1.0;
-                    continue;
-                }
-                let on = match &replicated {
-                    Some(replicated) if workload.name.ends_with('r') => replicated,
-                    _ => &bench,
+            for workload in &pass {
+                bench.pause_for(workload).await;
+                let mut rates = [0.0; 2];
+                // Alternate which goes first, so neither always runs on a warmer machine.
+                let order = if round % 2 == 0 {
+                    [Impl::Raw, Impl::Lockset]
+                } else {
+                    [Impl::Lockset, Impl::Raw]
                 };
-                let sample = on.run(which, *workload).await;
-                rates[which as usize] = sample.ops as f64 / sample.seconds;
-                results.entry((*workload, which)).or_default().merge(sample);
+                for which in order {
+                    // BENCH_IMPL=raw or lockset measures just one (for profiling).
+                    if std::env::var("BENCH_IMPL").is_ok_and(|only| only != which.name()) {
+                        rates[which as usize] = 1.0;
+                        continue;
+                    }
+                    let on = match &replicated {
+                        Some(replicated) if workload.name.ends_with('r') => replicated,
+                        _ => &bench,
+                    };
+                    let sample = on.run(which, *workload).await;
+                    rates[which as usize] = sample.ops as f64 / sample.seconds;
+                    results.entry((*workload, which)).or_default().merge(sample);
+                }
+                // BENCH_ROUNDS=1 prints each round's rates (to see how much they vary).
+                if std::env::var("BENCH_ROUNDS").is_ok() {
+                    eprintln!(
+                        "{} {} {} {} round {round}: raw {:.0} lockset {:.0}",
+                        workload.name,
+                        workload.clients,
+                        workload.concurrency,
+                        workload.hold_ms,
+                        rates[0],
+                        rates[1]
+                    );
+                }
+                round_ratios
+                    .entry(*workload)
+                    .or_default()
+                    .push(rates[1] / rates[0]);
             }
-            // BENCH_ROUNDS=1 prints each round's rates (to see how much they vary).
-            if std::env::var("BENCH_ROUNDS").is_ok() {
-                eprintln!(
-                    "{} {} round {round}: raw {:.0} lockset {:.0}",
-                    workload.name, workload.hold_ms, rates[0], rates[1]
-                );
-            }
-            round_ratios
-                .entry(*workload)
-                .or_default()
-                .push(rates[1] / rates[0]);
         }
+    }
+    if let Some(redlock) = &bench.redlock {
+        redlock.lock().await.resume().await;
     }
     report(results, round_ratios);
 }
@@ -785,8 +949,24 @@ fn report(
         } else {
             "-".to_string()
         };
+        // W5's masters are not the one `commands()` asks, and its peer's requests are not
+        // counted.
+        let (commands, requests) = if workload.name == "w5" {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (
+                format!(
+                    "{:.1} → {:.1}",
+                    raw.commands_per_op, lockset.commands_per_op
+                ),
+                format!(
+                    "{:.2} → {:.2}",
+                    raw.requests_per_op, lockset.requests_per_op
+                ),
+            )
+        };
         println!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {:.1} → {:.1} | {:.2} → {:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {} | {} | {} | {} |",
             workload.name,
             workload.clients,
             workload.concurrency,
@@ -800,12 +980,39 @@ fn report(
             lockset.p50,
             lockset.p99,
             handoff,
-            raw.commands_per_op,
-            lockset.commands_per_op,
-            raw.requests_per_op,
-            lockset.requests_per_op,
+            commands,
+            requests,
             share,
             raw.violations + lockset.violations,
         );
+    }
+    paused_against_up(&summary);
+}
+
+/// W5: each implementation's rate with a master paused, against its rate with all up.
+fn paused_against_up(summary: &[(Workload, Impl, Figures)]) {
+    let rate = |clients: &str, concurrency: usize, which: Impl| {
+        summary
+            .iter()
+            .find(|(w, i, _)| {
+                w.name == "w5"
+                    && w.clients == clients
+                    && w.concurrency == concurrency
+                    && *i == which
+            })
+            .map(|(_, _, figures)| figures.ops_per_sec)
+    };
+    for concurrency in [1, 16] {
+        for (which, name) in [(Impl::Lockset, "lockset"), (Impl::Raw, "rslock")] {
+            if let (Some(up), Some(paused)) = (
+                rate("up", concurrency, which),
+                rate("paused", concurrency, which),
+            ) {
+                println!(
+                    "w5 C={concurrency} {name}: {paused:.0} ops/s with a master paused, {up:.0} all up: {:.2}",
+                    paused / up
+                );
+            }
+        }
     }
 }

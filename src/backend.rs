@@ -7,9 +7,10 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use crate::error::Result;
-use crate::quorum::{Quorum, Stragglers};
+use crate::quorum::Quorum;
 use crate::request::{Claim, Try};
 use crate::store::{Obtain, Store};
+use crate::stragglers::Stragglers;
 
 /// One server, or a quorum of masters.
 ///
@@ -27,23 +28,40 @@ where
 {
     /// Tries once to lock the claim's keys; see [`Store::obtain`] and [`Quorum::obtain`].
     /// `random`: the claim's token was made for this attempt (no earlier lock can have it).
+    /// A quorum hands back the lock's writes still under way.
     pub(crate) async fn obtain(
         &self,
         claim: &Claim<'_>,
         random: bool,
         how: Try,
-    ) -> (Result<Obtain>, Stragglers) {
+    ) -> (Result<Obtain>, Option<Arc<Stragglers>>) {
         match self {
-            Self::Single(store) => (store.obtain(claim, how).await, Vec::new()),
+            Self::Single(store) => (store.obtain(claim, how).await, None),
             Self::Quorum(quorum) => Box::pin(quorum.obtain(claim, random, how)).await,
         }
     }
 
-    /// The lock's remaining TTL, `None` when not held.
-    pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Option<Duration>> {
+    /// Where a quorum lock made without an obtain (adopted) keeps its writes under way.
+    pub(crate) fn stragglers(&self) -> Option<Arc<Stragglers>> {
+        match self {
+            Self::Single(_) => None,
+            Self::Quorum(quorum) => Some(quorum.stragglers()),
+        }
+    }
+
+    /// The lock's remaining TTL, `None` when not held. `stragglers`: the lock's writes
+    /// still under way (a quorum's).
+    pub(crate) async fn pttl(
+        &self,
+        claim: &Claim<'_>,
+        stragglers: Option<&Arc<Stragglers>>,
+    ) -> Result<Option<Duration>> {
         match self {
             Self::Single(store) => Ok(store.pttl(claim).await?.ours()),
-            Self::Quorum(quorum) => Box::pin(quorum.pttl(claim)).await,
+            Self::Quorum(quorum) => {
+                let stragglers = quorum.or_fresh(stragglers);
+                Box::pin(quorum.pttl(claim, &stragglers)).await
+            }
         }
     }
 
@@ -53,22 +71,31 @@ where
         &self,
         claim: &Claim<'_>,
         rewrite: bool,
-    ) -> (Result<bool>, Stragglers) {
+        stragglers: Option<&Arc<Stragglers>>,
+    ) -> Result<bool> {
         match self {
-            Self::Single(store) => {
-                let refreshed = store.refresh(claim, false, rewrite).await;
-                (refreshed.map(|r| r.ours().is_some()), Vec::new())
+            Self::Single(store) => Ok(store.refresh(claim, false, rewrite).await?.ours().is_some()),
+            Self::Quorum(quorum) => {
+                let stragglers = quorum.or_fresh(stragglers);
+                Box::pin(quorum.refresh(claim, rewrite, &stragglers)).await
             }
-            Self::Quorum(quorum) => Box::pin(quorum.refresh(claim, rewrite)).await,
         }
     }
 
     /// Releases the lock, announcing it with `payload` when given; false when it was not
     /// held.
-    pub(crate) async fn release(&self, claim: &Claim<'_>, payload: Option<&str>) -> Result<bool> {
+    pub(crate) async fn release(
+        &self,
+        claim: &Claim<'_>,
+        payload: Option<&str>,
+        stragglers: Option<&Arc<Stragglers>>,
+    ) -> Result<bool> {
         match self {
             Self::Single(store) => Ok(store.release(claim, payload).await?.ours().is_some()),
-            Self::Quorum(quorum) => Box::pin(quorum.release(claim, payload)).await,
+            Self::Quorum(quorum) => {
+                let stragglers = quorum.or_fresh(stragglers);
+                Box::pin(quorum.release(claim, payload, &stragglers)).await
+            }
         }
     }
 

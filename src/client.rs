@@ -22,7 +22,7 @@ use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::options::default_waiter_lease;
 use crate::policy::{self, Held, Limit, Step, Waiter, Watch};
-use crate::quorum::{Quorum, QuorumConfig, Stragglers};
+use crate::quorum::{Quorum, QuorumConfig};
 use crate::replication::Replication;
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
 use crate::retry::Retry;
@@ -30,6 +30,7 @@ use crate::sentinel::{SentinelConfig, SentinelConnection};
 use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::store::{Obtain, Store};
+use crate::stragglers::Stragglers;
 use crate::tasks::Tasks;
 use crate::validate;
 use crate::value::Owner;
@@ -161,9 +162,20 @@ impl Client<SentinelConnection> {
     /// of [`Client::replicated`] (for example [`InvalidInput::NotEnoughReplicas`] when the
     /// primary has fewer replicas connected than asked for). Nothing is written.
     pub async fn connect_sentinel(config: SentinelConfig) -> Result<Self> {
-        let replication = config.replication_settings();
-        replication.check()?;
-        let conn = SentinelConnection::connect(config).await?;
+        config.replication_settings().check()?;
+        Self::sentinel(SentinelConnection::connect(config).await?).await
+    }
+
+    /// A client over `conn`, a connection that follows the primary of a Sentinel
+    /// deployment, with release events that follow it too and lock writes replicated as its
+    /// [`SentinelConfig`] says: what [`Client::connect_sentinel`] makes, for a caller that
+    /// keeps the connection for commands of its own.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`Client::replicated`].
+    pub async fn sentinel(conn: SentinelConnection) -> Result<Self> {
+        let replication = conn.replication_settings();
         let client = Self::new(conn.clone());
         for store in client.backend().stores() {
             let conn = conn.clone();
@@ -319,10 +331,13 @@ where
     /// agrees. An obtain succeeds only if a majority locked the whole key set and the validity
     /// `ttl − elapsed − drift` is positive (elapsed from before the first send to the
     /// decision, drift = ttl × drift factor + 2 ms); otherwise it releases on every master and
-    /// retries per the retry strategy. It returns as soon as the outcome is decided, without
-    /// waiting for the slowest master. [`Lock::valid_until`] is the end of the validity, and
-    /// [`Lock::ttl`] reports what is left of it; refresh needs a majority too (re-creating
-    /// keys on a master that restarted empty), and release deletes on every master.
+    /// retries per the retry strategy. Every operation returns as soon as its outcome is
+    /// decided, never waiting for a master the decision does not need (slow, paused or
+    /// down); the slower masters' share finishes in background tasks. [`Lock::valid_until`]
+    /// is the end of the validity, and [`Lock::ttl`] reports what is left of it (at most
+    /// what a majority of masters still holds); refresh needs a majority too (re-creating
+    /// keys on a master that restarted empty), and release deletes on every master,
+    /// returning once a majority did.
     ///
     /// **When to use it.** A single master with replicas can lose a lock on failover:
     /// replication is asynchronous. Redlock survives the loss of a minority of masters. If an
@@ -342,8 +357,10 @@ where
     /// [`InvalidInput::DuplicateNode`] when two nodes are one server: the same client (or a
     /// clone of it), or clients for the same address (from [`Client::connect`] or
     /// [`Client::with_release_events`]). Servers known under different names are told apart
-    /// by their run ids when the masters first answer: the first operation then fails with
-    /// that error.
+    /// by their run ids, asked for beside each master's first operations: the obtain that
+    /// finds two names of one server fails with that error (unless distinct masters had
+    /// decided it already), and so does every later obtain, refresh and TTL query, before
+    /// anything is sent.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockset::Error> {
@@ -542,7 +559,7 @@ where
             ticket: None,
         };
         let sent = Instant::now();
-        let Some(left) = self.backend().pttl(&claim).await? else {
+        let Some(left) = self.backend().pttl(&claim, None).await? else {
             return Err(Error::NotHeld);
         };
         // Keys without expiry are held until released: count on the TTL to come.
@@ -560,7 +577,7 @@ where
             ttl,
             fence: None,
             valid_until: sent.checked_add(valid_for).unwrap_or(sent),
-            stragglers: Vec::new(),
+            stragglers: None,
         };
         Ok(Lock::new(self.inner.clone(), obtained))
     }
@@ -780,7 +797,8 @@ struct Won {
     ttl: Ttl,
     fence: Option<u64>,
     valid_until: Instant,
-    stragglers: Stragglers,
+    /// A quorum's writes of the lock still under way.
+    stragglers: Option<Arc<Stragglers>>,
 }
 
 impl<C> Attempt<'_, C>
@@ -888,7 +906,7 @@ where
             ttl: self.ttl,
             fence: None,
             valid_until: until,
-            stragglers: Vec::new(),
+            stragglers: None,
         })
     }
 }

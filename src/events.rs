@@ -114,7 +114,9 @@ struct Inner {
 /// Where to open the pub/sub connection.
 #[derive(Clone)]
 enum Source {
-    Server(redis::Client),
+    /// Boxed: with redis-rs's TLS support on (a dependency may turn it on), a client is
+    /// ten times the size of the other variants.
+    Server(Box<redis::Client>),
     /// The current primary of a Sentinel deployment: each change of primary replaces the
     /// connection.
     Sentinel(SentinelConnection),
@@ -321,7 +323,7 @@ impl Events {
     /// Release events over a pub/sub connection to the server behind `client` (RESP3),
     /// opened when the first waiter listens.
     pub(crate) fn new(client: redis::Client) -> Self {
-        Self::with_source(Source::Server(client), None)
+        Self::with_source(Source::Server(Box::new(client)), None)
     }
 
     /// Release events over a pub/sub connection to the current primary behind `sentinel`

@@ -83,6 +83,7 @@
 
 mod backend;
 mod client;
+mod distinct;
 mod error;
 mod events;
 mod fair;
@@ -104,6 +105,7 @@ mod shared;
 mod signal;
 mod slots;
 mod store;
+mod stragglers;
 mod tasks;
 mod validate;
 mod value;

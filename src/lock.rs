@@ -17,11 +17,11 @@ use crate::mode::{Mode, Modes};
 use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::policy::{self, Step, Waiter, Watch};
-use crate::quorum::Stragglers;
 use crate::request::{Claim, Ttl};
 use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::slots::release_channel;
+use crate::stragglers::Stragglers;
 use crate::value::Owner;
 
 /// A lock on one or more keys, returned by [`Client::obtain`](crate::Client::obtain) and
@@ -42,8 +42,9 @@ pub struct Lock<C> {
     ttl: Ttl,
     fence: Option<u64>,
     validity: Mutex<Validity>,
-    /// Redlock: per-master work still finishing after an obtain or refresh was decided.
-    stragglers: Mutex<Stragglers>,
+    /// Redlock: the lock's writes still under way on slow masters after an obtain or
+    /// refresh was decided, kept clear of its release and TTL queries.
+    stragglers: Option<Arc<Stragglers>>,
 }
 
 /// Until when the lock is known to be valid.
@@ -129,7 +130,8 @@ pub(crate) struct Obtained {
     pub(crate) fence: Option<u64>,
     /// When the successful attempt was sent, plus the TTL, less any drift allowance.
     pub(crate) valid_until: Instant,
-    pub(crate) stragglers: Stragglers,
+    /// A quorum's writes of the lock still under way (`None`: none, or one server).
+    pub(crate) stragglers: Option<Arc<Stragglers>>,
 }
 
 impl<C> Lock<C>
@@ -137,6 +139,9 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     pub(crate) fn new(shared: Arc<Shared<C>>, obtained: Obtained) -> Self {
+        let stragglers = obtained
+            .stragglers
+            .or_else(|| shared.backend().stragglers());
         Self {
             shared,
             keys: obtained.keys,
@@ -153,7 +158,7 @@ where
                 lost: false,
                 signal: None,
             }),
-            stragglers: Mutex::new(obtained.stragglers),
+            stragglers,
         }
     }
 
@@ -262,33 +267,6 @@ where
         }
     }
 
-    /// Keeps Redlock's per-master work still running after a decision, so that release can
-    /// wait for it: a late obtain or restore must not land after the keys were deleted.
-    fn keep(&self, stragglers: Stragglers) {
-        if !stragglers.is_empty() {
-            let mut kept = self
-                .stragglers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            kept.retain(|task| !task.is_finished());
-            kept.extend(stragglers);
-        }
-    }
-
-    /// Waits for every per-master task kept by [`Lock::keep`].
-    async fn settle(&self) {
-        let tasks = std::mem::take(
-            &mut *self
-                .stragglers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        );
-        for task in tasks {
-            // A task that panicked has nothing left to finish.
-            let _ = task.await;
-        }
-    }
-
     /// The moment `sent` plus `ttl`, less the backend's drift allowance.
     fn valid_for(&self, sent: Instant, ttl: Duration) -> Instant {
         let valid_for = ttl.saturating_sub(self.shared.backend().drift(ttl));
@@ -300,8 +278,10 @@ where
     ///
     /// `Ok(None)` means the lock is not held any more: a key expired or now belongs to
     /// someone else, or its validity ran out. A Redlock lock is held while a majority of
-    /// masters hold it; masters that do not answer say nothing, and make this an error
-    /// ([`Error::Quorum`]) that leaves the validity alone.
+    /// masters hold it, and this reports what a majority still holds (the longest remaining
+    /// TTL that enough masters share), never more; masters that do not answer say nothing,
+    /// and without a majority either way make this an error ([`Error::Quorum`]) that leaves
+    /// the validity alone.
     pub async fn ttl(&self) -> Result<Option<Duration>> {
         let sent = Instant::now();
         let span = op_span!("lockset.ttl", &self.keys);
@@ -313,7 +293,8 @@ where
     async fn ttl_once(&self, sent: Instant) -> Result<Option<Duration>> {
         let value = self.value();
         let claim = self.claim(&value, self.ttl);
-        let Some(left) = self.shared.backend().pttl(&claim).await? else {
+        let stragglers = self.stragglers.as_ref();
+        let Some(left) = self.shared.backend().pttl(&claim, stragglers).await? else {
             self.found_lost("a TTL query found its keys gone or taken over");
             return Ok(None);
         };
@@ -387,8 +368,11 @@ where
             None => self.value(),
         };
         let claim = self.claim(&value, ttl);
-        let (refreshed, stragglers) = self.shared.backend().refresh(&claim, new.is_some()).await;
-        self.keep(stragglers);
+        let refreshed = self
+            .shared
+            .backend()
+            .refresh(&claim, new.is_some(), self.stragglers.as_ref())
+            .await;
         match &refreshed {
             Ok(true) => {
                 self.validity().confirmed(seq, until);
@@ -424,7 +408,6 @@ where
     /// Releases once; `start`: when the release was called (it is over from then on).
     async fn release_once(&self, start: Instant) -> Result<()> {
         self.validity().lost_at(start);
-        self.settle().await;
         let value = self.value();
         let claim = self.claim(&value, self.ttl);
         let events = self.shared.events();
@@ -436,7 +419,12 @@ where
             () if named => Some(release_payload()),
             () => Some(String::new()),
         };
-        let mut release = pin!(self.shared.backend().release(&claim, payload.as_deref()));
+        let stragglers = self.stragglers.as_ref();
+        let release = self
+            .shared
+            .backend()
+            .release(&claim, payload.as_deref(), stragglers);
+        let mut release = pin!(release);
         let released = match (events, &payload) {
             // A waiter of this very client: hand over as soon as the release is on its way.
             ([events], Some(payload)) if events.channels() > 0 => {

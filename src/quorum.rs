@@ -1,23 +1,33 @@
 //! Redlock: one lock over N independent Redis masters, held while a majority holds it.
 //!
 //! Every operation goes to all masters at once, each bounded by a per-node time limit, and is
-//! decided as soon as the outcome is known (a majority for, or too many against): the slowest
-//! master is never waited for. The decision does not abandon the others: each master's work
-//! runs in a background task of its own that finishes it (within the per-node limit), so that
-//! every master that is up ends up with the lock, or with the refresh.
+//! decided as soon as the outcome is known (a majority for, or too many against): no
+//! operation waits for a master its decision does not need, be it slow, paused or down. The
+//! decision does not abandon the others: each master's work runs in a background task of its
+//! own that finishes it (within the per-node limit), so that every master that is up ends up
+//! with the lock, the refresh, or the release. Who each master is (its run id) is learned
+//! beside its first operation (see `distinct.rs`), and a lock's writes still under way on
+//! slow masters are kept clear of its release and TTL queries (see `stragglers.rs`).
 //!
 //! - **Obtain** counts only if a majority locked the whole key set **and** the validity
 //!   `ttl − elapsed − drift` is still positive. Otherwise an attempt with a fresh random
-//!   token is undone on every master once that master's attempt has finished, and the caller
-//!   waits for the undoing: a late clean-up can then never delete a later attempt's lock. An
-//!   attempt with the caller's own token is never undone: that token may hold the keys for
-//!   an outer lock, or for a concurrent or retried obtain by the same token, and the value
-//!   cannot tell them apart. Its keys on a minority of masters expire with the TTL.
+//!   token is undone on every master by that master's task, once its attempt there has
+//!   finished. The next attempt has a token of its own, so a late clean-up can never delete
+//!   its lock; still, the caller waits for the undoing where the attempt answered, and
+//!   elsewhere no longer than the decision took (masters that are up are done by then):
+//!   contenders that split a vote otherwise retry into each other's leftovers. A master that
+//!   is down is not waited for. An attempt with the caller's
+//!   own token is never undone: that token may hold the keys for an outer lock, or for a
+//!   concurrent or retried obtain by the same token, and the value cannot tell them apart.
+//!   Its keys on a minority of masters expire with the TTL.
 //! - **Refresh** extends keys that every master still holds. A master that lost the keys
 //!   (restarted empty) gets them back only after a majority confirmed that it still *holds*
 //!   the lock: a lock that expired everywhere is never brought back.
-//! - **TTL** reports the lock lost only when a majority says so; masters that do not answer
+//! - **TTL** reports what a majority holds (the `needed`-th longest remaining TTL among the
+//!   answers), and the lock lost only when a majority says so; masters that do not answer
 //!   are not evidence of anything, and make it an error.
+//! - **Release** deletes on every master, and returns once a majority is decided; a lock
+//!   with the caller's own token waits for every master (see `stragglers.rs`).
 
 use std::fmt;
 use std::future::Future;
@@ -28,13 +38,14 @@ use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-use tokio::time::{Instant, timeout};
+use tokio::time::{Instant, error::Elapsed, timeout};
 
+use crate::distinct::Identities;
 use crate::error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
 use crate::mode::Mode;
 use crate::request::{Claim, OwnedClaim, Try};
 use crate::store::{Holding, Obtain, Store};
+use crate::stragglers::{Stragglers, Writing};
 use crate::tasks::Tasks;
 
 /// Settings of a Redlock quorum ([`Client::quorum`](crate::Client::quorum)).
@@ -86,16 +97,13 @@ pub const MIN_NODE_TIMEOUT: Duration = Duration::from_millis(10);
 /// The fixed part of the drift allowance.
 const DRIFT_BASE: Duration = Duration::from_millis(2);
 
-/// Background tasks that finish an operation's work on slow masters after its decision.
-pub(crate) type Stragglers = Vec<JoinHandle<()>>;
-
 /// N independent masters.
 pub(crate) struct Quorum<C> {
     nodes: Vec<Arc<Store<C>>>,
     config: QuorumConfig,
     tasks: Tasks,
-    /// Set once every master answered with a run id of its own.
-    distinct: tokio::sync::OnceCell<()>,
+    /// Who each master is, learned beside its first operation.
+    identities: Arc<Identities>,
 }
 
 /// How one master answered.
@@ -134,45 +142,32 @@ where
         if config.node_timeout == Some(Duration::ZERO) {
             return Err(InvalidInput::ZeroNodeTimeout.into());
         }
+        let identities = Arc::new(Identities::new(nodes.len()));
         Ok(Self {
             nodes,
             config,
             tasks,
-            distinct: tokio::sync::OnceCell::new(),
+            identities,
         })
     }
 
-    /// Refuses masters that are one server under two names (the same run id), which a
-    /// majority would count twice. Checked once, when every master first answers.
-    async fn check_distinct(&self, limit: Duration) -> Result<()> {
-        if self.distinct.initialized() {
-            return Ok(());
+    /// Refuses an operation on masters known to be one server under two names (see
+    /// `distinct.rs`), before anything is sent.
+    fn check_distinct(&self) -> Result<()> {
+        match self.identities.duplicate() {
+            Some(duplicate) => Err(duplicate.into()),
+            None => Ok(()),
         }
-        let ids = self
-            .nodes
-            .iter()
-            .map(|store| async move { timeout(limit, store.run_id()).await });
-        let ids = futures_util::future::join_all(ids).await;
-        // Every pair of masters that answered is compared, whoever did not. (A server
-        // whose INFO has no run id, such as some proxies, tells nothing.)
-        let ids: Vec<Option<&str>> = ids
-            .iter()
-            .map(|id| match id {
-                Ok(Ok(id)) if !id.is_empty() => Some(id.as_str()),
-                _ => None,
-            })
-            .collect();
-        for (second, id) in ids.iter().enumerate() {
-            if let Some(first) = id.and_then(|id| ids[..second].iter().position(|o| *o == Some(id)))
-            {
-                return Err(InvalidInput::DuplicateNode { first, second }.into());
-            }
-        }
-        if ids.iter().all(Option::is_some) {
-            let _ = self.distinct.set(());
-        }
-        // Else some master did not answer: check again next time.
-        Ok(())
+    }
+
+    /// A lock's writes under way, for a lock made without an obtain (adopted).
+    pub(crate) fn stragglers(&self) -> Arc<Stragglers> {
+        Stragglers::new(self.nodes.len())
+    }
+
+    /// `stragglers`, or none under way (a lock that never had any).
+    pub(crate) fn or_fresh(&self, stragglers: Option<&Arc<Stragglers>>) -> Arc<Stragglers> {
+        stragglers.cloned().unwrap_or_else(|| self.stragglers())
     }
 
     /// How many commands ran only after loading their script (NOSCRIPT), on all masters.
@@ -229,49 +224,70 @@ where
     }
 
     /// Tries once to lock the claim's keys on a majority within the validity budget. An
-    /// attempt with a fresh random token (`random`) is undone everywhere on failure; one with
-    /// the caller's token only where it created every key. With `mark_holder`, each master
-    /// marks a held key for its holder's release to announce.
+    /// attempt with a fresh random token (`random`) is undone everywhere on failure, by each
+    /// master's task once that master's attempt finished; one with the caller's token is not
+    /// undone. Returns the lock's writes still under way on success.
     pub(crate) async fn obtain(
         &self,
         claim: &Claim<'_>,
         random: bool,
         how: Try,
-    ) -> (Result<Obtain>, Stragglers) {
-        // Validity counts from before the check, as the caller's does.
+    ) -> (Result<Obtain>, Option<Arc<Stragglers>>) {
         let start = Instant::now();
-        let limit = self.node_timeout(claim.ttl.duration);
-        if let Err(err) = self.check_distinct(limit).await {
-            return (Err(err), Vec::new());
+        if let Err(err) = self.check_distinct() {
+            return (Err(err), None);
         }
-        let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
-            let claim = claim.claim();
-            // A quorum reports no holder's TTL: asking each master would be wasted.
-            let how = Try {
-                holder_ttl: false,
-                ..how
-            };
-            let obtained = timeout(limit, store.obtain(&claim, how)).await;
-            let vote = match obtained {
-                Ok(Ok(Obtain::Obtained { .. })) => Vote::Yes(()),
-                // Nothing was written there.
-                Ok(Ok(Obtain::Held { .. })) => Vote::No(NodeFailure::Refused),
-                Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
-                Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
-            };
-            let written = !matches!(vote, Vote::No(_));
-            let _ = votes.send(vote);
-            // A caller that went away (cancelled) will not use the lock: undo it too.
-            if random && written && verdict.wait().await != Verdict::Success {
-                let _ = timeout(limit, store.release_by_eval(&claim)).await;
-            }
-        });
+        let limit = self.node_timeout(claim.ttl.duration);
+        // A quorum reports no holder's TTL: asking each master would be wasted.
+        let how = Try {
+            holder_ttl: false,
+            ..how
+        };
+        let stragglers = self.stragglers();
+        let ballot = self.ballot(
+            claim,
+            Some(&stragglers),
+            limit,
+            move |mut share| async move {
+                let _writing = share.writing.take();
+                let claim = share.claim.claim();
+                let obtained = share.answer(share.store.obtain(&claim, how)).await;
+                let vote = match obtained {
+                    Ok(Ok(Obtain::Obtained { .. })) => Vote::Yes(()),
+                    // Nothing was written there.
+                    Ok(Ok(Obtain::Held { .. })) => Vote::No(NodeFailure::Refused),
+                    Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
+                    Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
+                };
+                let written = !matches!(vote, Vote::No(_));
+                let _ = share.votes.send(vote);
+                // A caller that went away (cancelled) will not use the lock: undo it too.
+                if random && written && share.verdict.wait().await != Verdict::Success {
+                    let _ = timeout(limit, share.store.release_by_eval(&claim)).await;
+                }
+            },
+        );
         let needed = self.needed(claim);
-        let (votes, mut decide) = ballot.count(needed).await;
+        let (counted, mut decide) = ballot.count(needed, Some(&self.identities)).await;
+        let answered: Vec<usize> = counted.votes.iter().map(|(master, _)| *master).collect();
         let valid = self.still_valid(start, claim.ttl.duration);
-        let verdict = self.verdict(QuorumOp::Obtain, votes, valid, needed);
+        let verdict = counted.verdict(self, QuorumOp::Obtain, valid, needed);
         let success = matches!(verdict, Ok(true));
-        let stragglers = decide(success);
+        decide(success);
+        if !success {
+            // The undoing where the attempt answered takes a round trip: wait for it, so
+            // that the next attempt (this caller's, or a rival's woken by it) does not find
+            // this one's leftovers. Masters still busy with the attempt undo it later.
+            let decided_in = start.elapsed();
+            let (answered, others): (Vec<usize>, Vec<usize>) =
+                (0..self.nodes.len()).partition(|master| answered.contains(master));
+            let undone = answered
+                .into_iter()
+                .map(|master| stragglers.written(master));
+            let later = others.into_iter().map(|master| stragglers.written(master));
+            let later = timeout(decided_in, futures_util::future::join_all(later));
+            let _ = futures_util::future::join(futures_util::future::join_all(undone), later).await;
+        }
         let outcome = verdict.map(|obtained| match obtained {
             true => Obtain::Obtained { fence: None },
             false => Obtain::Held {
@@ -280,82 +296,138 @@ where
                 queued: false,
             },
         });
-        if success {
-            (outcome, stragglers)
-        } else {
-            // Wait for the undoing, so that none of it lands after the next attempt.
-            futures_util::future::join_all(stragglers).await;
-            (outcome, Vec::new())
-        }
+        (outcome, success.then_some(stragglers))
     }
 
     /// Tries once to extend the lock on a majority (giving the keys the claim's value, with
     /// `rewrite`). `Ok(false)` when a majority says the lock is not held there. Masters that
-    /// lost the keys get them back once a majority confirmed it still holds the lock.
+    /// lost the keys get them back once a majority confirmed it still holds the lock. Each
+    /// master's refresh is one of the lock's `stragglers` until it is done.
     pub(crate) async fn refresh(
         &self,
         claim: &Claim<'_>,
         rewrite: bool,
-    ) -> (Result<bool>, Stragglers) {
+        stragglers: &Arc<Stragglers>,
+    ) -> Result<bool> {
         let start = Instant::now();
+        self.check_distinct()?;
         let limit = self.node_timeout(claim.ttl.duration);
-        let ballot = self.ballot(claim, move |store, claim, votes, verdict| async move {
-            let claim = claim.claim();
-            let answer = timeout(limit, store.refresh(&claim, false, rewrite)).await;
-            let missing = matches!(answer, Ok(Ok(Holding::Missing)));
-            let vote = Vote::from_answer(answer, limit);
-            let _ = votes.send(vote);
-            if missing && verdict.wait().await == Verdict::Success {
-                let _ = timeout(limit, store.refresh(&claim, true, rewrite)).await;
-            }
-        });
+        let ballot = self.ballot(
+            claim,
+            Some(stragglers),
+            limit,
+            move |mut share| async move {
+                // Released meanwhile: nothing more is sent.
+                let Some(_writing) = share.writing.take() else {
+                    let _ = share.votes.send(Vote::No(NodeFailure::Missing));
+                    return;
+                };
+                let claim = share.claim.claim();
+                let answer = share
+                    .answer(share.store.refresh(&claim, false, rewrite))
+                    .await;
+                let missing = matches!(answer, Ok(Ok(Holding::Missing)));
+                let _ = share.votes.send(Vote::from_answer(answer, limit));
+                if missing && share.verdict.wait().await == Verdict::Success {
+                    let _ = timeout(limit, share.store.refresh(&claim, true, rewrite)).await;
+                }
+            },
+        );
         let needed = self.needed(claim);
-        let (votes, mut decide) = ballot.count(needed).await;
+        let (counted, mut decide) = ballot.count(needed, Some(&self.identities)).await;
         let valid = self.still_valid(start, claim.ttl.duration);
-        let verdict = self.verdict(QuorumOp::Refresh, votes, valid, needed);
-        let stragglers = decide(matches!(verdict, Ok(true)));
-        (verdict, stragglers)
+        let verdict = counted.verdict(self, QuorumOp::Refresh, valid, needed);
+        decide(matches!(verdict, Ok(true)));
+        verdict
     }
 
-    /// The smallest remaining TTL among the masters that still hold the lock, once a
-    /// majority does; `None` once a majority says it does not. Masters that do not answer
-    /// decide nothing: without a majority either way, this is an error.
-    pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Option<Duration>> {
+    /// What a majority of masters still holds: the `needed`-th longest remaining TTL among
+    /// the masters that answered, once enough hold the lock; `None` once a majority says it
+    /// does not. Each master is asked once the lock's writes there are done (a refresh on
+    /// its way would be answered with the old TTL). Masters that do not answer decide
+    /// nothing: without a majority either way, this is an error.
+    pub(crate) async fn pttl(
+        &self,
+        claim: &Claim<'_>,
+        stragglers: &Stragglers,
+    ) -> Result<Option<Duration>> {
+        self.check_distinct()?;
         let limit = self.node_timeout(claim.ttl.duration);
         let needed = self.needed(claim);
-        let votes = self
-            .vote_in_place(limit, needed, true, |store| store.pttl(claim))
+        let counted = self
+            .vote_in_place(limit, needed, InPlace::Decide, |master, store| async move {
+                stragglers.written(master).await;
+                store.pttl(claim).await
+            })
             .await;
-        let left = votes
+        if let Some(duplicate) = counted.duplicate {
+            return Err(duplicate.into());
+        }
+        let held: Vec<Duration> = counted
+            .votes
             .iter()
             .filter_map(|(_, vote)| match vote {
                 Vote::Yes(left) => Some(*left),
                 _ => None,
             })
-            .min();
-        let yes = votes
-            .iter()
-            .filter(|(_, v)| matches!(v, Vote::Yes(_)))
-            .count();
-        let votes = votes
-            .into_iter()
-            .map(|(i, vote)| (i, vote.map(|_| ())))
             .collect();
-        match self.verdict(QuorumOp::Ttl, votes, true, needed)? {
-            true if yes >= needed => Ok(left),
-            _ => Ok(None),
+        let votes = Counted {
+            votes: counted
+                .votes
+                .into_iter()
+                .map(|(i, vote)| (i, vote.map(|_| ())))
+                .collect(),
+            duplicate: None,
+        };
+        match votes.verdict(self, QuorumOp::Ttl, true, needed)? {
+            true => Ok(held_by(held, needed)),
+            false => Ok(None),
         }
     }
 
-    /// Deletes the lock on every master (waiting for all, within the per-node limit), with
-    /// an announcement per master when `payload` is given; fine when a majority deleted it.
-    pub(crate) async fn release(&self, claim: &Claim<'_>, payload: Option<&str>) -> Result<bool> {
+    /// Deletes the lock on every master, with an announcement per master when `payload` is
+    /// given; fine when a majority deleted it. Returns as soon as that is decided.
+    ///
+    /// With a random token, each master's delete is sent once the lock's writes there are
+    /// done, in a task of its own (see `stragglers.rs`). With the caller's token, this first
+    /// waits for those writes everywhere, then for every master's delete (each within the
+    /// per-node limit): a delete still on its way when this returns could take a later lock
+    /// of the same token, and one given up on (a second round trip after NOSCRIPT) would
+    /// leave the keys behind.
+    pub(crate) async fn release(
+        &self,
+        claim: &Claim<'_>,
+        payload: Option<&str>,
+        stragglers: &Arc<Stragglers>,
+    ) -> Result<bool> {
         let limit = self.node_timeout(claim.ttl.duration);
         let needed = self.needed(claim);
-        let votes = self
-            .vote_in_place(limit, needed, false, |store| store.release(claim, payload))
-            .await;
-        self.verdict(QuorumOp::Release, votes, true, needed)
+        stragglers.release();
+        if claim.owner.is_custom() {
+            stragglers.settled().await;
+            let counted = self
+                .vote_in_place(limit, needed, InPlace::Finish, |_, store| {
+                    store.release(claim, payload)
+                })
+                .await;
+            return counted.verdict(self, QuorumOp::Release, true, needed);
+        }
+        let payload: Option<Arc<str>> = payload.map(Arc::from);
+        let ballot = self.ballot(claim, None, limit, |share| {
+            let (payload, stragglers) = (payload.clone(), stragglers.clone());
+            async move {
+                stragglers.written(share.master).await;
+                let claim = share.claim.claim();
+                let answer = share
+                    .answer(share.store.release(&claim, payload.as_deref()))
+                    .await;
+                let _ = share.votes.send(Vote::from_answer(answer, limit));
+            }
+        });
+        // The deletes go on whatever this finds: they only ever take this lock's keys.
+        let (counted, mut decide) = ballot.count(needed, None).await;
+        decide(true);
+        counted.verdict(self, QuorumOp::Release, true, needed)
     }
 
     /// Releases on every master and waits for each (within the per-node limit): clean-up
@@ -370,83 +442,135 @@ where
     }
 
     /// Starts `work` on every master in a counted background task of its own. Each task
-    /// sends its vote, and may await the verdict to finish its part (undo, restore).
-    fn ballot<F, Fut>(&self, claim: &Claim<'_>, work: F) -> Ballot
+    /// sends its vote, and may await the verdict to finish its part (undo, restore). With
+    /// `stragglers`, each task's write is registered there before this returns.
+    fn ballot<F, Fut>(
+        &self,
+        claim: &Claim<'_>,
+        stragglers: Option<&Arc<Stragglers>>,
+        limit: Duration,
+        work: F,
+    ) -> Ballot
     where
-        F: Fn(Arc<Store<C>>, Arc<OwnedClaim>, VoteSender, VerdictReceiver) -> Fut,
+        F: Fn(Share<C>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         let claim = claim.to_shared();
         let (votes_tx, votes) = mpsc::unbounded_channel();
         let (verdict, _) = watch::channel(Verdict::Pending);
-        let mut tasks = Vec::with_capacity(self.nodes.len());
-        for (index, store) in self.nodes.iter().enumerate() {
-            let sender = VoteSender {
-                index,
-                votes: votes_tx.clone(),
+        for (master, store) in self.nodes.iter().enumerate() {
+            let share = Share {
+                master,
+                store: store.clone(),
+                claim: claim.clone(),
+                votes: VoteSender {
+                    index: master,
+                    votes: votes_tx.clone(),
+                },
+                verdict: VerdictReceiver(verdict.subscribe()),
+                identities: self.identities.clone(),
+                limit,
+                writing: stragglers.and_then(|stragglers| stragglers.writing(master)),
             };
-            let receiver = VerdictReceiver(verdict.subscribe());
-            let task = work(store.clone(), claim.clone(), sender, receiver);
-            match self.tasks.spawn(task) {
-                Some(handle) => tasks.push(handle),
+            if self.tasks.spawn(work(share)).is_none() {
                 // Only outside a tokio runtime, where nothing async runs at all.
-                None => {
-                    let _ = votes_tx.send((index, Vote::Failed(NodeFailure::NoRuntime)));
-                }
+                let _ = votes_tx.send((master, Vote::Failed(NodeFailure::NoRuntime)));
             }
         }
         Ballot {
             votes,
             verdict,
-            tasks,
             nodes: self.nodes.len(),
         }
     }
 
-    /// Runs `op` on every master within `limit`, in place (nothing outlives the call). With
-    /// `early`, returns as soon as the outcome is decided.
+    /// Runs `op` on every master within `limit`, in place (nothing outlives the call), until
+    /// `until` says.
     async fn vote_in_place<'a, T, F, Fut>(
         &'a self,
         limit: Duration,
         needed: usize,
-        early: bool,
+        until: InPlace,
         op: F,
-    ) -> Vec<(usize, Vote<T>)>
+    ) -> Counted<T>
     where
-        F: Fn(&'a Store<C>) -> Fut,
+        F: Fn(usize, &'a Store<C>) -> Fut,
         Fut: Future<Output = Result<Holding<T>>>,
     {
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
             .enumerate()
-            .map(|(index, store)| {
-                let answer = timeout(limit, op(store));
-                async move { (index, answer.await) }
+            .map(|(master, store)| {
+                let answer = self
+                    .identities
+                    .beside(master, store, limit, op(master, store));
+                async move { (master, answer.await) }
             })
             .collect();
         let mut tally = Tally::new(self.nodes.len(), needed);
-        let mut votes = Vec::with_capacity(self.nodes.len());
-        while let Some((index, answer)) = pending.next().await {
+        let mut counted = Counted {
+            votes: Vec::with_capacity(self.nodes.len()),
+            duplicate: None,
+        };
+        while let Some((master, answer)) = pending.next().await {
             let vote = Vote::from_answer(answer, limit);
             tally.add(&vote);
-            votes.push((index, vote));
-            if early && tally.decided() {
-                break;
+            counted.votes.push((master, vote));
+            if until == InPlace::Decide {
+                counted.duplicate = self.identities.duplicate();
+                if tally.decided() || counted.duplicate.is_some() {
+                    break;
+                }
             }
         }
-        votes
+        counted
     }
+}
 
+/// How long an operation run in place goes on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum InPlace {
+    /// Until its outcome is decided, or two masters turn out to be one server.
+    Decide,
+    /// Until every master answered or ran out of time: every command it sends is sent, and
+    /// answered, before it returns.
+    Finish,
+}
+
+/// The `needed`-th longest of the remaining TTLs `held` (`None` with fewer): at least
+/// `needed` masters hold the lock that long, and no more than that can be said of `needed`.
+fn held_by(mut held: Vec<Duration>, needed: usize) -> Option<Duration> {
+    let nth = needed.checked_sub(1)?;
+    if nth >= held.len() {
+        return None;
+    }
+    let (_, nth, _) = held.select_nth_unstable_by(nth, |a, b| b.cmp(a));
+    Some(*nth)
+}
+
+/// The votes an operation counted until its outcome was decided, and two masters found to
+/// be one server meanwhile (which decides it too).
+struct Counted<T> {
+    votes: Vec<(usize, Vote<T>)>,
+    duplicate: Option<InvalidInput>,
+}
+
+impl Counted<()> {
     /// `Ok(true)` when a majority said yes (and `valid`), `Ok(false)` when a majority
     /// refused, else an error naming every master that did not agree, and why.
-    fn verdict(
-        &self,
+    fn verdict<C>(
+        self,
+        quorum: &Quorum<C>,
         op: QuorumOp,
-        votes: Vec<(usize, Vote<()>)>,
         valid: bool,
         needed: usize,
     ) -> Result<bool> {
+        if let Some(duplicate) = self.duplicate {
+            return Err(duplicate.into());
+        }
+        let votes = self.votes;
+        let nodes = quorum.nodes.len();
         let yes = votes
             .iter()
             .filter(|(_, v)| matches!(v, Vote::Yes(())))
@@ -459,7 +583,7 @@ where
             .filter(|(_, v)| matches!(v, Vote::No(_)))
             .count();
         // Refused by a majority, or by so many that `needed` cannot be reached.
-        if not_ours >= self.majority().min(self.nodes.len() - needed + 1) {
+        if not_ours >= (nodes / 2 + 1).min(nodes - needed + 1) {
             return Ok(false);
         }
         let mut failures: Vec<(usize, NodeFailure)> = votes
@@ -479,10 +603,39 @@ where
             op,
             succeeded: yes,
             needed,
-            nodes: self.nodes.len(),
+            nodes,
             expired: yes >= needed,
             failures,
         })
+    }
+}
+
+/// What one master's task of an operation gets.
+struct Share<C> {
+    master: usize,
+    store: Arc<Store<C>>,
+    claim: Arc<OwnedClaim>,
+    votes: VoteSender,
+    verdict: VerdictReceiver,
+    identities: Arc<Identities>,
+    /// The per-node time limit.
+    limit: Duration,
+    /// The write this task is about to send, registered with the lock's stragglers; `None`
+    /// when the operation registers none, or the lock's release started.
+    writing: Option<Writing>,
+}
+
+impl<C> Share<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// This master's answer to `op` within the limit, its run id asked for beside it if
+    /// it never answered (see `distinct.rs`).
+    async fn answer<T>(&self, op: impl Future<Output = T>) -> Result<T, Elapsed> {
+        let identities = &self.identities;
+        identities
+            .beside(self.master, &self.store, self.limit, op)
+            .await
     }
 }
 
@@ -563,40 +716,44 @@ impl VerdictReceiver {
     }
 }
 
-/// The per-master tasks of one operation.
+/// The per-master tasks of one operation: their votes, and the way to tell them the verdict.
 struct Ballot {
     votes: mpsc::UnboundedReceiver<(usize, Vote<()>)>,
     verdict: watch::Sender<Verdict>,
-    tasks: Stragglers,
     nodes: usize,
 }
 
 impl Ballot {
-    /// Collects votes until the outcome is decided (or every master answered). Returns them
-    /// with the way to announce the verdict, which hands back the tasks still running.
+    /// Collects votes until the outcome is decided (or every master answered), or, with
+    /// `identities`, until two masters turn out to be one server. Returns them with the way
+    /// to announce the verdict to the tasks.
     async fn count(
         mut self,
         majority: usize,
-    ) -> (Vec<(usize, Vote<()>)>, impl FnMut(bool) -> Stragglers) {
+        identities: Option<&Identities>,
+    ) -> (Counted<()>, impl FnMut(bool)) {
         let mut tally = Tally::new(self.nodes, majority);
-        let mut votes = Vec::with_capacity(self.nodes);
-        while !tally.decided() {
+        let mut counted = Counted {
+            votes: Vec::with_capacity(self.nodes),
+            duplicate: None,
+        };
+        while !tally.decided() && counted.duplicate.is_none() {
             let Some((index, vote)) = self.votes.recv().await else {
                 break;
             };
             tally.add(&vote);
-            votes.push((index, vote));
+            counted.votes.push((index, vote));
+            counted.duplicate = identities.and_then(Identities::duplicate);
         }
-        let (verdict, mut tasks) = (self.verdict, self.tasks);
+        let verdict = self.verdict;
         let decide = move |success: bool| {
             verdict.send_replace(if success {
                 Verdict::Success
             } else {
                 Verdict::Failure
             });
-            std::mem::take(&mut tasks)
         };
-        (votes, decide)
+        (counted, decide)
     }
 }
 
@@ -619,7 +776,20 @@ fn permit_quorum(limit: usize, masters: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::permit_quorum;
+    use std::time::Duration;
+
+    use super::{held_by, permit_quorum};
+
+    #[test]
+    fn ttl_is_what_the_needed_th_longest_holder_has() {
+        let ms = Duration::from_millis;
+        let held = vec![ms(9_900), ms(20_000), ms(19_990), ms(5), ms(19_995)];
+        assert_eq!(held_by(held.clone(), 3), Some(ms(19_990)));
+        assert_eq!(held_by(held.clone(), 1), Some(ms(20_000)));
+        assert_eq!(held_by(held.clone(), 5), Some(ms(5)));
+        assert_eq!(held_by(held, 6), None);
+        assert_eq!(held_by(Vec::new(), 0), None);
+    }
 
     /// `limit + 1` holders on `q` masters each would need more room than the masters have
     /// (each admits `limit`), and `q - 1` would not be enough for that.

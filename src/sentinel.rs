@@ -291,6 +291,11 @@ impl SentinelConnection {
             .map(|primary| (primary.host.clone(), primary.port))
     }
 
+    /// How lock writes over this connection are replicated (see [`SentinelConfig::replication`]).
+    pub(crate) fn replication_settings(&self) -> Replication {
+        self.follower.config.replication
+    }
+
     /// A name for the deployment, to tell two of them apart in a quorum.
     pub(crate) fn name(&self) -> String {
         let sentinels: Vec<String> = self

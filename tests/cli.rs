@@ -37,6 +37,8 @@ fn lockset_via(wrapper: &[&str], urls: &[String]) -> Command {
     command
         .env_remove("LOCKSET_REDIS")
         .env_remove("REDIS_URL")
+        .env_remove("LOCKSET_SENTINEL")
+        .env_remove("LOCKSET_MASTER")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -1454,4 +1456,144 @@ fn keys_with_spaces_reach_the_command_unambiguously_as_json() {
     assert_eq!(out.code, Some(0), "{out:?}");
     let keys: Vec<String> = serde_json::from_str(out.stdout.trim()).expect("a JSON array");
     assert_eq!(keys, ["a b", "c\"d"]);
+}
+
+/// `lockset` finding the primary of `failover` through its sentinels, with `extra` global
+/// options.
+fn lockset_sentinel(failover: &support::sentinel::Failover, master: &str) -> Command {
+    let mut command = lockset(&[]);
+    for url in failover.sentinel_urls() {
+        command.args(["--sentinel", &url]);
+    }
+    command.args(["--master", master]);
+    command
+}
+
+#[test]
+fn every_subcommand_works_through_sentinel_and_across_a_failover() {
+    use support::sentinel::{Failover, LOCK_PASSWORD, LOCK_USER, MASTER};
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut failover = runtime.block_on(Failover::start_secured(2));
+    // The data nodes' login and database ride on --master.
+    let master = format!("redis://{LOCK_USER}:{LOCK_PASSWORD}@{MASTER}/0");
+    let token = {
+        let out = finish(lockset_sentinel(&failover, &master).args([
+            "acquire",
+            "--ttl",
+            "60s",
+            "--metadata",
+            "nightly",
+            "report",
+        ]));
+        assert_eq!(out.code, Some(0), "{out:?}");
+        out.stdout.trim().to_owned()
+    };
+    // Replicated (one replica by default) before acquire returned.
+    for replica in 1..3 {
+        let value = failover.ask_node(failover.nodes[replica].port(), &["GET", "report"]);
+        assert!(value.contains(&token), "replica {replica}: {value:?}");
+    }
+    let out = finish(lockset_sentinel(&failover, &master).args(["status", "--json", "report"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("\"nightly\""), "{out:?}");
+
+    let old = failover.nodes[0].port();
+    failover.kill_primary();
+    runtime.block_on(failover.wait_for_promotion(old));
+    for args in [
+        vec!["refresh", "--token", &token, "--ttl", "60s", "report"],
+        vec!["release", "--token", &token, "report"],
+    ] {
+        let out = finish(lockset_sentinel(&failover, &master).args(&args));
+        assert_eq!(out.code, Some(0), "{args:?} after the failover: {out:?}");
+    }
+    let out = finish(lockset_sentinel(&failover, &master).args(["run", "report", "--", "true"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+}
+
+#[test]
+fn bad_sentinel_options_exit_64_before_anything_is_locked() {
+    use support::sentinel::{Failover, LOCK_PASSWORD, LOCK_USER, MASTER};
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let failover = runtime.block_on(Failover::start_secured(1));
+    let master = format!("redis://{LOCK_USER}:{LOCK_PASSWORD}@{MASTER}/0");
+    let cases: Vec<(Command, &str)> = vec![
+        (
+            lockset_sentinel(&failover, "no-such-master"),
+            "no sentinel knows a master named",
+        ),
+        (
+            {
+                let mut command = lockset_sentinel(&failover, &master);
+                command.args(["--replicas", "2"]);
+                command
+            },
+            "2 replicas must acknowledge",
+        ),
+        (
+            {
+                let mut command = lockset(&[]);
+                command.args(["--sentinel", &failover.sentinel_urls()[0]]);
+                command
+            },
+            "--sentinel needs --master",
+        ),
+        (
+            {
+                let mut command = lockset(&[]);
+                command.args(["--master", MASTER]);
+                command
+            },
+            "--master names the primary",
+        ),
+        (
+            {
+                let mut command = lockset_sentinel(&failover, &master);
+                command.args(["--redis", "redis://127.0.0.1/"]);
+                command
+            },
+            "without --redis",
+        ),
+    ];
+    for (mut command, says) in cases {
+        let out = finish(command.args(["acquire", "k"]));
+        assert_eq!(out.code, Some(64), "{out:?}");
+        assert!(out.stderr.contains(says), "{says:?}: {out:?}");
+    }
+    let primary = failover.nodes[failover.primary()].port();
+    assert_eq!(
+        failover.ask_node(primary, &["DBSIZE"]).trim(),
+        "0",
+        "{}",
+        failover.ask_node(primary, &["KEYS", "*"])
+    );
+
+    // No sentinel listening: unreachable.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    let out = finish(lockset(&[]).args([
+        "--sentinel",
+        &format!("redis://127.0.0.1:{port}/"),
+        "--master",
+        MASTER,
+        "status",
+        "k",
+    ]));
+    assert_eq!(out.code, Some(69), "{out:?}");
+}
+
+#[test]
+fn replicas_apply_to_a_single_server_too() {
+    let server = RedisServer::start();
+    let out = finish(lockset(&[server.url()]).args(["--replicas", "1", "acquire", "k"]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(
+        out.stderr.contains("the primary has 0 connected"),
+        "{out:?}"
+    );
+    assert!(!exists(&server.url(), "k"));
 }

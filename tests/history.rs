@@ -74,6 +74,8 @@ async fn single_server_history_is_safe() {
     report(&run(share(30), topology::single).await);
 }
 
+/// One or two of the five masters are down from the start (paused or killed before any
+/// client spoke to them) for a quarter to half of the run, besides the usual faults.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn redlock_history_with_delayed_restarts_is_safe() {
@@ -119,9 +121,12 @@ async fn cluster_history_is_safe() {
 #[test]
 fn schedules_draw_every_allowed_fault() {
     let kind = |fault: &Fault| std::mem::discriminant(fault);
+    let mut down = Plan::mixed(5, 5, Restart::Delayed, Vec::new());
+    down.down_at_start = 2;
     let plans = [
         (Plan::mixed(1, 2, Restart::Delayed, Vec::new()), 6),
         (Plan::mixed(3, 0, Restart::Never, vec![1, 2, 3]), 2),
+        (down.clone(), 6),
     ];
     for (plan, kinds) in plans {
         let faults = schedule(42, &plan, Duration::from_secs(60));
@@ -137,5 +142,7 @@ fn schedules_draw_every_allowed_fault() {
             schedule(42, &plan, Duration::from_secs(60)),
             "seeded"
         );
+        let at_start = faults.iter().filter(|(at, _)| at.is_zero()).count();
+        assert_eq!(at_start, plan.down_at_start, "{plan:?}: {faults:?}");
     }
 }

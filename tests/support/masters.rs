@@ -127,3 +127,55 @@ impl Masters {
         holding
     }
 }
+
+/// How long each obtain and each release of a run of lock cycles took.
+#[derive(Debug, Default)]
+pub struct Cycles {
+    pub obtains: Vec<std::time::Duration>,
+    pub releases: Vec<std::time::Duration>,
+}
+
+impl Cycles {
+    /// Runs `count` cycles on `redlock` (obtain `key` for 10 s, release at once).
+    ///
+    /// A release returns once a majority deleted the lock: a master still busy with the
+    /// lock's obtain deletes it a moment later. With masters down, the next obtain may find
+    /// it there, on one master too many: it retries (every 2 ms).
+    pub async fn run(redlock: &Client<ConnectionManager>, key: &str, count: usize) -> Self {
+        let options = Options::default()
+            .retry(Retry::linear(super::ms(2)))
+            .timeout(super::ms(2_000));
+        let mut cycles = Self::default();
+        for _ in 0..count {
+            let start = tokio::time::Instant::now();
+            let lock = redlock
+                .obtain(key, super::ms(10_000), &options)
+                .await
+                .unwrap_or_else(|err| panic!("obtain {key}: {err}"));
+            let obtained = tokio::time::Instant::now();
+            lock.release()
+                .await
+                .unwrap_or_else(|err| panic!("release {key}: {err}"));
+            cycles.obtains.push(obtained - start);
+            cycles.releases.push(obtained.elapsed());
+        }
+        cycles
+    }
+
+    /// Asserts that obtains and releases took a few milliseconds, not a per-node limit:
+    /// medians under `median`, every one under `slowest`.
+    pub fn assert_within(&self, median: std::time::Duration, slowest: std::time::Duration) {
+        for (what, times) in [("obtain", &self.obtains), ("release", &self.releases)] {
+            let mut sorted = times.clone();
+            sorted.sort();
+            let middle = sorted[sorted.len() / 2];
+            let last = sorted[sorted.len() - 1];
+            println!("{what}: median {middle:?}, slowest {last:?}");
+            assert!(
+                middle < median && last < slowest,
+                "{what}: median {middle:?} (bound {median:?}), slowest {last:?} (bound \
+                 {slowest:?}); all: {times:?}"
+            );
+        }
+    }
+}

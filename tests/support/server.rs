@@ -25,15 +25,45 @@ pub struct RedisServer {
     reserved: Option<Reserved>,
 }
 
-/// A killed server's port, held by a socket that is bound but does not listen: a client
-/// that connects is refused, as by the dead server, yet no other server can start there.
-struct Reserved(#[allow(dead_code)] tokio::net::TcpSocket);
+/// A killed server's port, held by a listener (SO_REUSEADDR, as the server's own, so that
+/// the dead server's connections in TIME_WAIT do not stop it) that closes every connection
+/// at once: to a client it is as dead as the server, yet no other server can start there.
+/// (A socket that is bound but does not listen would refuse connections, but would not keep
+/// a server that sets SO_REUSEADDR, as Redis does, from binding the port too.)
+struct Reserved {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
 
 impl Reserved {
     fn hold(port: u16) -> Option<Self> {
-        let socket = tokio::net::TcpSocket::new_v4().ok()?;
-        socket.bind(([127, 0, 0, 1], port).into()).ok()?;
-        Some(Self(socket))
+        let listener = TcpListener::bind(("127.0.0.1", port)).ok()?;
+        listener.set_nonblocking(true).ok()?;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let done = done.clone();
+            move || {
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    match listener.accept() {
+                        Ok((stream, _)) => drop(stream),
+                        Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                    }
+                }
+            }
+        });
+        Some(Self {
+            done,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -233,6 +263,11 @@ impl RedisServer {
     pub fn kill(&mut self) {
         self.stop();
         self.reserved = Reserved::hold(self.port);
+        assert!(
+            self.reserved.is_some(),
+            "port {} taken at once by another",
+            self.port
+        );
     }
 
     /// Lets the port of a killed server go, to start another one on it.

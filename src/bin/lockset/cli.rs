@@ -12,9 +12,10 @@ const AFTER_HELP: &str = "\
 Exit status:
   0      success (run: the command exited 0)
   1-125  run: the command's own exit status
-  64     bad usage or input, --redis URLs included (nothing was locked)
+  64     bad usage or input, --redis and --sentinel URLs included, an unknown --master,
+         more --replicas than the primary has (nothing was locked)
   65     a key holds a value that is not a string (a list, a hash, ...)
-  69     Redis unreachable, or it failed
+  69     Redis unreachable, or it failed (also: too few replicas acknowledged in time)
   70     the lock was lost (run: while the command ran or was stopped; refresh/release:
          it is not ours)
   71     a local system error (cannot catch signals, wait for the command, or print;
@@ -25,8 +26,10 @@ Exit status:
   128+N  run: the command died by signal N (or lockset got signal N while waiting)
 
 Environment:
-  LOCKSET_REDIS  default for --redis (several URLs separated by commas)
-  REDIS_URL      default for --redis when LOCKSET_REDIS is not set";
+  LOCKSET_REDIS     default for --redis (several URLs separated by commas)
+  REDIS_URL         default for --redis when LOCKSET_REDIS is not set
+  LOCKSET_SENTINEL  default for --sentinel (several URLs separated by commas)
+  LOCKSET_MASTER    default for --master";
 
 /// The help heading of the options every subcommand takes.
 const GLOBAL: &str = "Global options";
@@ -76,6 +79,40 @@ pub(crate) struct Global {
     /// hash to one slot: give them a common hash tag, like {deploy}:db and {deploy}:cache.
     #[arg(long, global = true, help_heading = GLOBAL)]
     pub(crate) cluster: bool,
+
+    /// A Redis Sentinel to find the primary through, instead of --redis:
+    /// redis://[[USER]:PASSWORD@]HOST[:PORT] (the sentinel's own login). Repeat it for each
+    /// sentinel. The primary is followed across failovers, and each lock counts only once
+    /// --replicas replicas have it. Needs --master. [default: $LOCKSET_SENTINEL]
+    #[arg(
+        long = "sentinel",
+        value_name = "URL",
+        global = true,
+        env = "LOCKSET_SENTINEL",
+        value_delimiter = ',',
+        hide_env = true,
+        help_heading = GLOBAL
+    )]
+    pub(crate) sentinel: Vec<String>,
+
+    /// The name the sentinels know the primary by; or
+    /// redis://[[USER]:PASSWORD@]NAME[/DB] to also log in to the primary and pick its
+    /// database. [default: $LOCKSET_MASTER]
+    #[arg(
+        long = "master",
+        value_name = "NAME",
+        global = true,
+        env = "LOCKSET_MASTER",
+        hide_env = true,
+        help_heading = GLOBAL
+    )]
+    pub(crate) master: Option<String>,
+
+    /// How many replicas must acknowledge each obtain and refresh before it counts (Redis
+    /// WAIT, within 250 ms): then a failover to one of them keeps the lock. More than the
+    /// primary has connected is bad usage. [default: 1 with --sentinel, else 0]
+    #[arg(long, value_name = "N", global = true, help_heading = GLOBAL)]
+    pub(crate) replicas: Option<u32>,
 
     /// Say nothing on stderr but usage errors; the exit status still tells what happened.
     #[arg(short, long, global = true, conflicts_with = "verbose", help_heading = GLOBAL)]

@@ -3,8 +3,8 @@
 use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use lockset::redis::cluster::ClusterClient;
 use lockset::redis::cluster_async::ClusterConnection;
-use lockset::redis::{self, RedisError};
-use lockset::{Client, QuorumConfig};
+use lockset::redis::{self, IntoConnectionInfo as _, RedisError};
+use lockset::{Client, QuorumConfig, Replication, SentinelConfig, SentinelConnection};
 use tokio::task::JoinSet;
 
 use crate::exit::{self, Failure, UNAVAILABLE};
@@ -26,12 +26,14 @@ pub(crate) struct Redis<C> {
     pub(crate) nodes: Vec<C>,
 }
 
-/// The connected backend; the two connection types need two client types.
+/// The connected backend; each connection type needs a client type of its own.
 pub(crate) enum Target {
     /// One server, or a Redlock quorum of several.
     Single(Redis<ConnectionManager>),
     /// A Redis Cluster.
     Cluster(Redis<ClusterConnection>),
+    /// The primary of a Sentinel deployment, followed across failovers.
+    Sentinel(Redis<SentinelConnection>),
 }
 
 /// The URLs to use: `--redis` (or `LOCKSET_REDIS`, which clap reads, ignoring it when
@@ -56,56 +58,166 @@ pub(crate) fn urls(given: &[String]) -> Result<Vec<String>, String> {
     })
 }
 
-/// Parsed URLs, checked before anything is sent.
-pub(crate) enum Plan {
+/// Parsed URLs, checked before anything is sent, and how many replicas must acknowledge
+/// each lock write.
+pub(crate) struct Plan {
+    place: Place,
+    replicas: Option<u32>,
+}
+
+/// Where the locks live.
+enum Place {
     /// Single servers: one, or a Redlock quorum.
     Servers(Vec<redis::Client>),
     /// Seed nodes of a cluster (boxed: the client is large).
     Cluster(Box<ClusterClient>),
+    /// Sentinels and the name of the primary they watch.
+    Sentinel(Box<SentinelConfig>),
 }
 
-/// Parses `urls` without connecting: a bad URL is bad usage.
-pub(crate) fn plan(urls: &[String], cluster: bool) -> Result<Plan, Failure> {
+/// Where `--sentinel` and `--master` say the primary is: `master` is a name, or
+/// `redis://[[USER]:PASSWORD@]NAME[/DB]` with the data nodes' login and database.
+pub(crate) fn sentinel_plan(
+    sentinels: &[String],
+    master: Option<&str>,
+    replicas: Option<u32>,
+) -> Result<Plan, Failure> {
+    let master = master
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| {
+            Failure::Usage(
+                "--sentinel needs --master NAME: the name the sentinels know the primary by"
+                    .to_owned(),
+            )
+        })?;
+    if sentinels.iter().any(|url| url.trim().is_empty()) {
+        return Err(Failure::Usage(
+            "a --sentinel URL is empty (an unset variable?)".to_owned(),
+        ));
+    }
+    let bad =
+        |what: &str, err: &dyn std::fmt::Display| Failure::Usage(format!("invalid {what}: {err}"));
+    let (name, login) = if master.contains("://") {
+        let info = master
+            .into_connection_info()
+            .map_err(|err| bad("--master URL", &err))?;
+        let name = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, _) => host.clone(),
+            _ => return Err(bad("--master URL", &"it names no master")),
+        };
+        (name, Some(info.redis_settings().clone()))
+    } else {
+        (master.to_owned(), None)
+    };
+    let urls: Vec<&str> = sentinels.iter().map(|url| url.trim()).collect();
+    let mut config = SentinelConfig::new(urls, name)
+        .map_err(|err| bad("--sentinel URL", &err))?
+        .replication(Replication::replicas(replicas.unwrap_or(1)));
+    if let Some(login) = login {
+        if let Some(user) = login.username() {
+            config = config.username(user);
+        }
+        if let Some(password) = login.password() {
+            config = config.password(password);
+        }
+        config = config.db(login.db());
+    }
+    Ok(Plan {
+        place: Place::Sentinel(Box::new(config)),
+        replicas: None,
+    })
+}
+
+/// Parses `urls` without connecting: a bad URL is bad usage. With `replicas`, each lock
+/// write waits for that many replicas of its server.
+pub(crate) fn plan(urls: &[String], cluster: bool, replicas: Option<u32>) -> Result<Plan, Failure> {
     let bad_url = |err: RedisError| Failure::Usage(format!("invalid --redis URL: {err}"));
-    if cluster {
+    let place = if cluster {
         let client = ClusterClient::builder(urls.to_vec())
             .retries(1)
             .build()
             .map_err(bad_url)?;
-        return Ok(Plan::Cluster(Box::new(client)));
-    }
-    let clients = urls
-        .iter()
-        .map(|url| redis::Client::open(url.as_str()).map_err(bad_url))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Plan::Servers(clients))
+        Place::Cluster(Box::new(client))
+    } else {
+        let clients = urls
+            .iter()
+            .map(|url| redis::Client::open(url.as_str()).map_err(bad_url))
+            .collect::<Result<Vec<_>, _>>()?;
+        Place::Servers(clients)
+    };
+    Ok(Plan { place, replicas })
 }
 
 /// Connects per `plan`. Every single server gets release events, so waiters wake when a
 /// holder releases (on a Redlock quorum, through each master's client); a cluster polls.
 pub(crate) async fn connect(plan: Plan) -> Result<Target, Failure> {
-    match plan {
-        Plan::Cluster(client) => {
+    let target = match plan.place {
+        Place::Cluster(client) => {
             let conn = client
                 .get_async_connection()
                 .await
                 .map_err(|err| exit::redis_failure("cannot reach Redis at the cluster", &err))?;
-            Ok(Target::Cluster(Redis {
+            Target::Cluster(Redis {
                 client: Client::cluster(conn.clone()),
                 nodes: vec![conn],
-            }))
+            })
         }
-        Plan::Servers(mut clients) if clients.len() == 1 => {
+        Place::Servers(mut clients) if clients.len() == 1 => {
             let client = clients.remove(0);
             let conn = manager(&client)
                 .await
                 .map_err(|err| unreachable(&client, &err))?;
-            Ok(Target::Single(Redis {
+            Target::Single(Redis {
                 client: master(conn.clone(), client)?,
                 nodes: vec![conn],
-            }))
+            })
         }
-        Plan::Servers(clients) => quorum(clients).await,
+        Place::Servers(clients) => quorum(clients).await?,
+        // Replicated as its configuration says.
+        Place::Sentinel(config) => return sentinel(*config).await,
+    };
+    match plan.replicas {
+        Some(replicas) => target.replicated(Replication::replicas(replicas)).await,
+        None => Ok(target),
+    }
+}
+
+/// The primary the sentinels of `config` name.
+async fn sentinel(config: SentinelConfig) -> Result<Target, Failure> {
+    let failed = |err: lockset::Error| match err {
+        lockset::Error::InvalidInput(_) => Failure::from_error(&err),
+        err => Failure::new(
+            UNAVAILABLE,
+            format!("cannot reach the primary through the sentinels: {err}"),
+        ),
+    };
+    let conn = SentinelConnection::connect(config).await.map_err(failed)?;
+    let client = Client::sentinel(conn.clone()).await.map_err(failed)?;
+    Ok(Target::Sentinel(Redis {
+        client,
+        nodes: vec![conn],
+    }))
+}
+
+impl Target {
+    /// Every lock write waits for `replication` (checked against the primaries first).
+    async fn replicated(self, replication: Replication) -> Result<Self, Failure> {
+        let failed = |err: lockset::Error| Failure::from_error(&err);
+        Ok(match self {
+            Self::Single(Redis { client, nodes }) => Self::Single(Redis {
+                client: client.replicated(replication).await.map_err(failed)?,
+                nodes,
+            }),
+            Self::Cluster(Redis { client, nodes }) => Self::Cluster(Redis {
+                client: client.replicated(replication).await.map_err(failed)?,
+                nodes,
+            }),
+            Self::Sentinel(Redis { client, nodes }) => Self::Sentinel(Redis {
+                client: client.replicated(replication).await.map_err(failed)?,
+                nodes,
+            }),
+        })
     }
 }
 
@@ -207,7 +319,7 @@ mod tests {
     #[test]
     fn bad_urls_are_usage_errors() {
         for cluster in [false, true] {
-            let plan = plan(&["http://nope/".to_owned()], cluster);
+            let plan = plan(&["http://nope/".to_owned()], cluster, None);
             assert!(matches!(plan, Err(Failure::Usage(_))), "cluster: {cluster}");
         }
     }

@@ -75,17 +75,43 @@ async fn execute(cli: &Cli, ui: Ui) -> Result<u8, Failure> {
             "stdout is closed: nobody could read what this prints (nothing was sent to Redis)",
         ));
     }
-    let urls = connect::urls(&cli.global.redis).map_err(Failure::Usage)?;
+    let global = &cli.global;
+    let sentinel = !global.sentinel.is_empty();
+    if !sentinel && global.master.is_some() {
+        return Err(Failure::Usage(
+            "--master names the primary the --sentinel URLs watch: give them too".to_owned(),
+        ));
+    }
+    if sentinel && (global.cluster || given_on_command_line(&global.redis)) {
+        return Err(Failure::Usage(
+            "--sentinel finds the primary itself: give it without --redis and --cluster".to_owned(),
+        ));
+    }
+    let urls = connect::urls(&global.redis).map_err(Failure::Usage)?;
     let target = validate::Target {
-        urls: urls.len(),
-        cluster: cli.global.cluster,
+        urls: if sentinel { 1 } else { urls.len() },
+        cluster: global.cluster,
     };
     check(&cli.command, target).map_err(Failure::Usage)?;
-    let plan = connect::plan(&urls, cli.global.cluster)?;
+    let plan = match sentinel {
+        true => {
+            connect::sentinel_plan(&global.sentinel, global.master.as_deref(), global.replicas)?
+        }
+        false => connect::plan(&urls, global.cluster, global.replicas)?,
+    };
     match connect::connect(plan).await? {
         Target::Single(redis) => dispatch(&redis, &cli.command, ui).await,
         Target::Cluster(redis) => dispatch(&redis, &cli.command, ui).await,
+        Target::Sentinel(redis) => dispatch(&redis, &cli.command, ui).await,
     }
+}
+
+/// Whether `redis` came from the command line rather than `LOCKSET_REDIS` (a default that
+/// `--sentinel` overrides).
+fn given_on_command_line(redis: &[String]) -> bool {
+    let from_env = std::env::var("LOCKSET_REDIS").unwrap_or_default();
+    let from_env: Vec<&str> = from_env.split(',').collect();
+    !redis.is_empty() && redis.iter().map(String::as_str).ne(from_env)
 }
 
 /// Everything about the input that can be checked without Redis.

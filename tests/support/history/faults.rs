@@ -42,6 +42,9 @@ pub struct Plan {
     pub gap_ms: (u64, u64),
     /// Relative weights: pause, restart, stall, latency, drop, cut, migrate.
     pub weights: [u32; 7],
+    /// How many servers are down (paused or killed) from the start, before any client
+    /// spoke to them, for a long stretch of the run (Redlock: a minority of its masters).
+    pub down_at_start: usize,
 }
 
 impl Plan {
@@ -54,6 +57,7 @@ impl Plan {
             slots,
             gap_ms: (100, 700),
             weights: [25, 15, 15, 15, 10, 10, 15],
+            down_at_start: 0,
         }
     }
 }
@@ -96,6 +100,10 @@ pub fn schedule(seed: u64, plan: &Plan, length: Duration) -> Vec<(Duration, Faul
     // When each server, then each proxy, then the migration lane is free again.
     let mut free = vec![Duration::ZERO; plan.servers + plan.proxies + 1];
     let mut faults = Vec::new();
+    for (server, fault, busy) in down_at_start(&mut rng, plan, length) {
+        free[server] = busy;
+        faults.push((Duration::ZERO, fault));
+    }
     let mut at = Duration::ZERO;
     loop {
         at += ms(rng.random_range(plan.gap_ms.0..=plan.gap_ms.1));
@@ -112,6 +120,36 @@ pub fn schedule(seed: u64, plan: &Plan, length: Duration) -> Vec<(Duration, Faul
             faults.push((at, fault));
         }
     }
+}
+
+/// The servers down from the start: each paused, or killed (when the plan restarts servers),
+/// for a quarter to a half of the run (a killed one at least as long as a delayed restart
+/// takes). Returns each with its fault and until when it is busy.
+fn down_at_start(
+    rng: &mut SmallRng,
+    plan: &Plan,
+    length: Duration,
+) -> Vec<(usize, Fault, Duration)> {
+    let mut servers: Vec<usize> = (0..plan.servers).collect();
+    let mut down = Vec::new();
+    for _ in 0..plan.down_at_start.min(plan.servers) {
+        let server = servers.swap_remove(rng.random_range(0..servers.len()));
+        let span = ms(rng.random_range(length.as_millis() / 4..=length.as_millis() / 2) as u64);
+        let fault = match plan.restart {
+            Restart::Never => Fault::Pause { server, for_: span },
+            _ if rng.random_bool(0.5) => Fault::Pause { server, for_: span },
+            _ => Fault::Restart {
+                server,
+                down: span.max(MAX_TTL + ms(100)),
+            },
+        };
+        let busy = match &fault {
+            Fault::Restart { down, .. } => *down + ms(300),
+            _ => span + ms(50),
+        };
+        down.push((server, fault, busy));
+    }
+    down
 }
 
 /// Picks a kind of fault by weight among those the plan allows.
@@ -312,24 +350,32 @@ async fn all_keys(url: &str) -> Vec<String> {
         .expect("KEYS")
 }
 
-/// Runs `schedule` from now until `until` (or until the history stops); returns when every
-/// fault it started has healed.
-pub fn inject(
+/// Runs `schedule` from now until `until` (or until the history stops). The faults due at
+/// once have begun when this returns (servers down from the start); the task it returns
+/// ends when every fault it started has healed.
+pub async fn inject(
     schedule: Vec<(Duration, Fault)>,
     targets: Arc<Targets>,
     history: Arc<History>,
     until: Instant,
 ) -> JoinHandle<()> {
+    let start = Instant::now();
+    let (now, later): (Vec<_>, Vec<_>) = schedule.into_iter().partition(|(at, _)| at.is_zero());
+    let mut running = Vec::new();
+    for (_, fault) in now {
+        let (began, begun) = tokio::sync::oneshot::channel();
+        let (targets, history) = (targets.clone(), history.clone());
+        running.push(tokio::spawn(apply(fault, targets, history, Some(began))));
+        let _ = begun.await;
+    }
     tokio::spawn(async move {
-        let start = Instant::now();
-        let mut running = Vec::new();
-        for (at, fault) in schedule {
+        for (at, fault) in later {
             tokio::time::sleep_until(start + at).await;
             if Instant::now() >= until || history.stopped() {
                 break;
             }
             let (targets, history) = (targets.clone(), history.clone());
-            running.push(tokio::spawn(apply(fault, targets, history)));
+            running.push(tokio::spawn(apply(fault, targets, history, None)));
         }
         for fault in running {
             fault.await.expect("fault task");
@@ -337,17 +383,29 @@ pub fn inject(
     })
 }
 
-/// Applies one fault and heals it when its time is up.
-async fn apply(fault: Fault, targets: Arc<Targets>, history: Arc<History>) {
+/// Applies one fault and heals it when its time is up; tells `began` once it is on.
+async fn apply(
+    fault: Fault,
+    targets: Arc<Targets>,
+    history: Arc<History>,
+    began: Option<tokio::sync::oneshot::Sender<()>>,
+) {
     let span = history.fault_started(describe(&fault));
+    let began = move || {
+        if let Some(began) = began {
+            let _ = began.send(());
+        }
+    };
     match fault {
         Fault::Pause { server, for_ } => {
             targets.servers.pause(server, true).await;
+            began();
             tokio::time::sleep(for_).await;
             targets.servers.pause(server, false).await;
         }
         Fault::Restart { server, down } => {
             targets.servers.with(server, RedisServer::stop).await;
+            began();
             tokio::time::sleep(down).await;
             targets.servers.with(server, RedisServer::restart).await;
         }

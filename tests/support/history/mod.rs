@@ -83,7 +83,8 @@ where
     let history = History::new(&setup.name, seed, keep_going);
     let until = Instant::now() + length;
     let schedule = faults::schedule(seed, &setup.plan, length);
-    let injector = faults::inject(schedule, setup.targets.clone(), history.clone(), until);
+    // Servers down from the start are down before any client speaks.
+    let injector = faults::inject(schedule, setup.targets.clone(), history.clone(), until).await;
     let checker = tokio::spawn({
         let history = history.clone();
         async move {

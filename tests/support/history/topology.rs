@@ -99,6 +99,8 @@ pub async fn single(seed: u64) -> Setup<ConnectionManager> {
 
 /// A Redlock quorum of five masters, each behind a proxy; every client has its own
 /// connections to all five (some direct, some proxied) and its own per-node time limit.
+/// With delayed restarts, one or two masters are down from the start (paused or killed,
+/// before any client spoke to them) for a quarter to a half of the run.
 pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x4ED1);
     let (servers, proxies) = servers(5).await;
@@ -122,6 +124,9 @@ pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
         _ => "Redlock",
     };
     let mut plan = Plan::mixed(servers.len(), proxies.len(), restart, Vec::new());
+    if restart == Restart::Delayed {
+        plan.down_at_start = rng.random_range(1..=2);
+    }
     if restart == Restart::Immediate {
         // Restarts often, so that a majority can forget a lock within one TTL.
         plan.gap_ms = (10, 120);
