@@ -139,8 +139,9 @@ impl Client<ConnectionManager> {
 impl Client<SentinelConnection> {
     /// Connects to the primary that the sentinels of `config` name, and follows it across
     /// failovers (see [`SentinelConnection`]), with release events on (they follow the
-    /// primary too) and lock writes replicated as `config` says (by default: one replica
-    /// acknowledges each obtain and refresh; see [`Client::replicated`]).
+    /// primary too) and lock writes replicated as `config` says (by default: every replica
+    /// the primary has in sync acknowledges each obtain and refresh; see
+    /// [`Client::replicated`] and [`Replication::all`]).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockset::Error> {
@@ -178,8 +179,13 @@ impl Client<SentinelConnection> {
         let replication = conn.replication_settings();
         let client = Self::new(conn.clone());
         for store in client.backend().stores() {
-            let conn = conn.clone();
-            store.lead_fences_by(Box::new(move || conn.epoch()));
+            let epoch = conn.clone();
+            store.lead_fences_by(Box::new(move || epoch.epoch()));
+            let confirm = conn.clone();
+            store.confirm_primary_by(Arc::new(move || {
+                let confirm = confirm.clone();
+                Box::pin(async move { confirm.confirm_primary().await })
+            }));
         }
         let _ = client.inner.address.set(conn.name());
         let _ = client.inner.events.set(Box::new([Events::sentinel(conn)]));
@@ -257,7 +263,7 @@ where
     /// one request; see [`Replication`]). Releases do not wait: a release a failover loses
     /// leaves the keys to expire with their TTL, which misleads nobody.
     ///
-    /// Before anything is written, the primary is asked how many replicas it has connected
+    /// Before anything is written, the primary is asked how many replicas it has in sync
     /// (on a cluster, every shard; on a Redlock quorum, every master).
     ///
     /// - An obtain too few replicas acknowledged in time removes its keys again (best effort;
@@ -293,21 +299,30 @@ where
     pub async fn replicated(self, replication: Replication) -> Result<Self> {
         replication.check()?;
         let stores = self.backend().stores();
-        for store in stores.iter().filter(|_| replication.is_on()) {
+        let mut in_sync = Vec::with_capacity(stores.len());
+        for store in stores {
+            if !replication.is_on() {
+                in_sync.push(0);
+                continue;
+            }
             if replication.uses_aof() && !store.knows("WAITAOF").await? {
                 return Err(InvalidInput::NoWaitAof.into());
             }
-            let connected = store.replicas_connected().await?;
-            if connected < replication.replicas_needed() {
+            let connected = store.replicas_in_sync().await?;
+            let requested = replication.replicas_needed().unwrap_or(1);
+            if connected < requested {
                 return Err(InvalidInput::NotEnoughReplicas {
-                    requested: replication.replicas_needed(),
+                    requested,
                     connected,
                 }
                 .into());
             }
+            in_sync.push(connected);
         }
-        for store in stores {
-            if !store.replicate(replication) && store.replication_set() != Some(&replication) {
+        for (store, in_sync) in stores.iter().zip(in_sync) {
+            if !store.replicate(replication, in_sync)
+                && store.replication_set() != Some(&replication)
+            {
                 return Err(InvalidInput::ReplicationAlreadySet.into());
             }
         }

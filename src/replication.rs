@@ -18,33 +18,52 @@
 //! and waits for that write, which the replicas apply after the hand-off (a replica applies
 //! the primary's writes in order).
 //!
+//! **How many.** A fixed count, or every replica the primary has in sync
+//! ([`Replication::all`], the default of a Sentinel client). A failover may promote any
+//! replica that is in sync, and in a promotion on purpose (`SENTINEL FAILOVER`) or a
+//! partition the old primary goes on taking writes for a while, which only the replicas that
+//! were not promoted acknowledge: only every replica keeps every lock. With `all`, the count
+//! follows the deployment, so that losing a replica or the primary does not stop every lock
+//! for good: it is counted again (replicas online whose last acknowledgement is at most 2 s
+//! old, at least one) every few seconds, where it may only grow, and after a write fell short,
+//! where it may shrink, but only once the sentinels confirm that the primary is still theirs
+//! at the same epoch (a promotion under way also makes the old primary's replicas fewer).
+//!
 //! `WAIT` is not consensus: a replica that did not acknowledge can still be promoted (when
 //! the ones that did are down too), and then the lock is lost as without it.
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use redis::{Cmd, Pipeline};
+use tokio::time::Instant;
 
-use crate::error::InvalidInput;
+use crate::error::{Error, InvalidInput};
+use crate::events::lock;
 
 /// How many replicas must acknowledge a lock's writes before the lock counts as obtained or
 /// refreshed (see [`Client::replicated`](crate::Client::replicated)).
 ///
-/// The default of a Sentinel client ([`SentinelConfig`](crate::SentinelConfig)) is one
-/// replica within 250 ms: a failover promotes the replica with the most data, so one
-/// acknowledgement survives the loss of the primary alone. Ask for every replica to survive
-/// the loss of the primary together with a replica; `Replication::none()` for none.
+/// The default of a Sentinel client ([`SentinelConfig`](crate::SentinelConfig)) is
+/// [`Replication::all`], within 250 ms: every replica the primary has in sync, so that
+/// whichever a failover promotes has the lock, also in a promotion on purpose or a partition,
+/// where the old primary takes writes for a while that only the replicas not promoted see.
+/// A fixed count below that survives a primary that dies (the replica with the most data is
+/// promoted), but not those; `Replication::none()` waits for none.
 ///
 /// ```
 /// use std::time::Duration;
 /// use lockset::Replication;
 ///
 /// let two = Replication::replicas(2).timeout(Duration::from_millis(100));
-/// assert_eq!(two.replicas_needed(), 2);
+/// assert_eq!(two.replicas_needed(), Some(2));
+/// assert_eq!(Replication::all().replicas_needed(), None);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Replication {
-    replicas: u32,
+    /// `None`: every replica in sync (see [`Replication::all`]).
+    replicas: Option<u32>,
     timeout: Duration,
     /// WAITAOF: also wait until the writes are in the append-only files (the primary's own
     /// too, when true).
@@ -56,13 +75,31 @@ impl Replication {
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
     /// Every lock write waits until `replicas` replicas acknowledged it, for at most
-    /// [`Replication::DEFAULT_TIMEOUT`].
+    /// [`Replication::DEFAULT_TIMEOUT`]. While fewer are connected, every lock fails.
     #[must_use]
     pub fn replicas(replicas: u32) -> Self {
         Self {
-            replicas,
+            replicas: Some(replicas),
             timeout: Self::DEFAULT_TIMEOUT,
             aof: None,
+        }
+    }
+
+    /// Every lock write waits until every replica the primary has in sync acknowledged it
+    /// (at least one), for at most [`Replication::DEFAULT_TIMEOUT`]: the default of a
+    /// Sentinel client.
+    ///
+    /// The count follows the deployment: replicas that are online and acknowledged within
+    /// the last 2 s, counted when the client is made, again every 5 s (then it only grows),
+    /// and after a write too few acknowledged (then it may shrink, once the sentinels confirm
+    /// that the primary is still the one they name, at the same epoch: a promotion under way
+    /// takes a replica from the old primary too). So a replica that died stops locks for a
+    /// few seconds, not for good, and after a failover the new primary's replicas count.
+    #[must_use]
+    pub fn all() -> Self {
+        Self {
+            replicas: None,
+            ..Self::replicas(0)
         }
     }
 
@@ -94,14 +131,20 @@ impl Replication {
         }
     }
 
-    /// How many replicas must acknowledge each write.
-    pub fn replicas_needed(&self) -> u32 {
+    /// How many replicas must acknowledge each write; `None` for every replica in sync
+    /// ([`Replication::all`]).
+    pub fn replicas_needed(&self) -> Option<u32> {
         self.replicas
     }
 
     /// Whether writes wait for replicas (or the append-only file) at all.
     pub(crate) fn is_on(&self) -> bool {
-        self.replicas > 0 || self.aof == Some(true)
+        self.replicas != Some(0) || self.aof == Some(true)
+    }
+
+    /// Whether the count follows the deployment ([`Replication::all`]).
+    pub(crate) fn follows_replicas(&self) -> bool {
+        self.replicas.is_none()
     }
 
     /// Whether this waits with `WAITAOF`.
@@ -122,23 +165,129 @@ impl Replication {
         u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// `write` followed, in one request, by the command that waits for its
-    /// acknowledgements.
-    pub(crate) fn pipeline(&self, write: Cmd) -> Pipeline {
+    /// `write` followed, in one request, by the command that waits for `needed` replicas
+    /// to acknowledge it.
+    fn pipeline(&self, write: Cmd, needed: u32) -> Pipeline {
         let mut pipe = Pipeline::with_capacity(2);
         pipe.add_command(write);
         match self.aof {
-            None => pipe.cmd("WAIT").arg(self.replicas),
-            Some(local) => pipe.cmd("WAITAOF").arg(u8::from(local)).arg(self.replicas),
+            None => pipe.cmd("WAIT").arg(needed),
+            Some(local) => pipe.cmd("WAITAOF").arg(u8::from(local)).arg(needed),
         };
         pipe.arg(self.timeout_millis());
         pipe
     }
+}
 
-    /// Whether the reply of the waiting command counts enough acknowledgements.
-    pub(crate) fn acknowledged(&self, reply: &Acks) -> bool {
-        reply.replicas >= self.replicas && (self.aof != Some(true) || reply.local)
+/// How often the replicas are counted again, with [`Replication::all`].
+const RECOUNT_EVERY: Duration = Duration::from_secs(5);
+
+/// One server's replicated writes: the settings, and how many replicas they wait for now.
+#[derive(Debug)]
+pub(crate) struct Replicated {
+    settings: Replication,
+    /// The count asked for; with [`Replication::all`], the replicas in sync when last
+    /// counted, at least one.
+    needed: AtomicU32,
+    /// When the replicas were last counted ([`Replication::all`]).
+    counted: Mutex<Instant>,
+    /// A count runs now.
+    counting: AtomicBool,
+}
+
+impl Replicated {
+    /// Replicated writes per `settings` on a primary with `in_sync` replicas in sync.
+    pub(crate) fn new(settings: Replication, in_sync: u32) -> Self {
+        Self {
+            settings,
+            needed: AtomicU32::new(settings.replicas.unwrap_or(in_sync.max(1))),
+            counted: Mutex::new(Instant::now()),
+            counting: AtomicBool::new(false),
+        }
     }
+
+    pub(crate) fn settings(&self) -> &Replication {
+        &self.settings
+    }
+
+    /// How many replicas writes wait for now.
+    pub(crate) fn needed(&self) -> u32 {
+        self.needed.load(Ordering::Relaxed)
+    }
+
+    /// `write` followed, in one request, by the wait for its acknowledgements.
+    pub(crate) fn pipeline(&self, write: Cmd) -> Pipeline {
+        self.settings.pipeline(write, self.needed())
+    }
+
+    /// Whether the reply of the waiting command counts enough acknowledgements; the error
+    /// to report when not.
+    pub(crate) fn check(&self, acks: &Acks) -> Result<(), Error> {
+        let needed = self.needed();
+        let local = self.settings.aof != Some(true) || acks.local;
+        if acks.replicas >= needed && local {
+            return Ok(());
+        }
+        Err(Error::NotReplicated {
+            acknowledged: acks.replicas,
+            required: needed,
+        })
+    }
+
+    /// Whether the replicas are to be counted now ([`Replication::all`]): after a write
+    /// fell short (`short`), or when the last count is [`RECOUNT_EVERY`] old; never two
+    /// counts at once. True hands the count to the caller, who reports it to
+    /// [`Replicated::counted`].
+    pub(crate) fn start_count(&self, short: bool) -> bool {
+        if !self.settings.follows_replicas() {
+            return false;
+        }
+        let due = short || lock(&self.counted).elapsed() >= RECOUNT_EVERY;
+        due && !self.counting.swap(true, Ordering::AcqRel)
+    }
+
+    /// A count ended: `in_sync` replicas in sync (`None`: unknown). The count needed grows
+    /// to it; it shrinks to it (never below one) only with `may_shrink`: a write fell short
+    /// on a primary confirmed as the one the deployment names, at the same epoch.
+    pub(crate) fn counted(&self, in_sync: Option<u32>, may_shrink: bool) {
+        if let Some(in_sync) = in_sync.map(|n| n.max(1)) {
+            if may_shrink {
+                let before = self.needed.swap(in_sync, Ordering::Relaxed);
+                if in_sync < before {
+                    tracing::info!(
+                        before,
+                        now = in_sync,
+                        "fewer replicas in sync: locks wait for fewer"
+                    );
+                }
+            } else {
+                self.needed.fetch_max(in_sync, Ordering::Relaxed);
+            }
+        }
+        *lock(&self.counted) = Instant::now();
+        self.counting.store(false, Ordering::Release);
+    }
+}
+
+/// How many replicas an `INFO replication` reply lists as online and acknowledging within
+/// the last 2 s (`slaveN:ip=…,port=…,state=online,offset=…,lag=0`).
+pub(crate) fn in_sync(info: &str) -> u32 {
+    let replicas = info.lines().filter(|line| {
+        let Some((name, fields)) = line.split_once(':') else {
+            return false;
+        };
+        let field = |key: &str| {
+            fields
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+        };
+        name.starts_with("slave")
+            && field("state") == Some("online")
+            && field("lag")
+                .and_then(|lag| lag.trim().parse::<u64>().ok())
+                .is_some_and(|lag| lag <= 2)
+    });
+    u32::try_from(replicas.count()).unwrap_or(u32::MAX)
 }
 
 /// What the waiting command answered.
@@ -183,7 +332,7 @@ mod tests {
         write.arg("k").arg("v");
         let pipe = Replication::replicas(2)
             .timeout(Duration::from_millis(80))
-            .pipeline(write);
+            .pipeline(write, 2);
         let sent = String::from_utf8(pipe.get_packed_pipeline()).unwrap();
         assert!(sent.starts_with("*3\r\n$3\r\nSET\r\n"), "{sent:?}");
         assert!(
@@ -196,19 +345,19 @@ mod tests {
     fn waitaof_asks_for_the_local_file_when_told() {
         let pipe = Replication::replicas(1)
             .append_only(true)
-            .pipeline(redis::cmd("PING"));
+            .pipeline(redis::cmd("PING"), 1);
         let sent = String::from_utf8(pipe.get_packed_pipeline()).unwrap();
         assert!(sent.contains("WAITAOF\r\n$1\r\n1\r\n$1\r\n1\r\n$3\r\n250\r\n"));
     }
 
     #[test]
     fn acknowledgements_are_counted() {
-        let one = Replication::replicas(1);
+        let one = Replicated::new(Replication::replicas(1), 5);
         let wait = |n| Acks::parse(&redis::Value::Int(n)).unwrap();
-        assert!(!one.acknowledged(&wait(0)));
-        assert!(one.acknowledged(&wait(1)));
-        assert!(one.acknowledged(&wait(2)));
-        let aof = Replication::replicas(1).append_only(true);
+        assert!(one.check(&wait(0)).unwrap_err().is_not_replicated());
+        assert!(one.check(&wait(1)).is_ok());
+        assert!(one.check(&wait(2)).is_ok());
+        let aof = Replicated::new(Replication::replicas(1).append_only(true), 1);
         let waitaof = |local, n| {
             Acks::parse(&redis::Value::Array(vec![
                 redis::Value::Int(local),
@@ -216,9 +365,45 @@ mod tests {
             ]))
             .unwrap()
         };
-        assert!(!aof.acknowledged(&waitaof(0, 1)));
-        assert!(aof.acknowledged(&waitaof(1, 1)));
-        assert!(!aof.acknowledged(&waitaof(1, 0)));
+        assert!(aof.check(&waitaof(0, 1)).is_err());
+        assert!(aof.check(&waitaof(1, 1)).is_ok());
+        assert!(aof.check(&waitaof(1, 0)).is_err());
+    }
+
+    #[test]
+    fn all_follows_the_replicas_grows_freely_and_shrinks_only_when_told() {
+        let all = Replicated::new(Replication::all(), 2);
+        assert_eq!(all.needed(), 2);
+        // Not due yet; a short write is.
+        assert!(!all.start_count(false));
+        assert!(all.start_count(true));
+        assert!(!all.start_count(true), "one count at a time");
+        all.counted(Some(1), false);
+        assert_eq!(all.needed(), 2, "a periodic count never shrinks it");
+        assert!(all.start_count(true));
+        all.counted(Some(1), true);
+        assert_eq!(all.needed(), 1);
+        assert!(all.start_count(true));
+        all.counted(Some(0), true);
+        assert_eq!(all.needed(), 1, "never below one");
+        assert!(all.start_count(true));
+        all.counted(Some(3), false);
+        assert_eq!(all.needed(), 3);
+        // A fixed count never counts.
+        assert!(!Replicated::new(Replication::replicas(2), 5).start_count(true));
+        assert_eq!(Replicated::new(Replication::replicas(2), 5).needed(), 2);
+    }
+
+    #[test]
+    fn replicas_in_sync_are_online_and_recent() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:3\r\n\
+            slave0:ip=127.0.0.1,port=7001,state=online,offset=100,lag=0\r\n\
+            slave1:ip=127.0.0.1,port=7002,state=wait_bgsave,offset=0,lag=0\r\n\
+            slave2:ip=127.0.0.1,port=7003,state=online,offset=90,lag=7\r\n\
+            slave3:ip=127.0.0.1,port=7004,state=online,offset=100,lag=2\r\n\
+            master_repl_offset:100\r\n";
+        assert_eq!(in_sync(info), 2);
+        assert_eq!(in_sync("role:master\r\nconnected_slaves:0\r\n"), 0);
     }
 
     #[test]

@@ -106,7 +106,7 @@ impl SentinelConfig {
             sentinels,
             master: master.into(),
             node: RedisConnectionInfo::default(),
-            replication: Replication::replicas(1),
+            replication: Replication::all(),
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_millis(500),
         })
@@ -135,9 +135,9 @@ impl SentinelConfig {
 
     /// How many replicas must acknowledge a lock's writes (see
     /// [`Client::replicated`](crate::Client::replicated)). Defaults to
-    /// `Replication::replicas(1)`: one replica, within 250 ms. A failover promotes the replica
-    /// with the most data, so one acknowledgement keeps the lock when the primary alone is
-    /// lost. `Replication::none()` turns it off.
+    /// [`Replication::all`]: every replica the primary has in sync, within 250 ms, so that a
+    /// promotion of any of them keeps the lock (also on purpose, or in a partition, when the
+    /// old primary takes writes for a while). `Replication::none()` turns it off.
     #[must_use]
     pub fn replication(self, replication: Replication) -> Self {
         Self {
@@ -228,6 +228,9 @@ struct Sighting {
     epoch: u64,
     /// Flagged down (`s_down`, `o_down`) by this sentinel.
     down: bool,
+    /// This sentinel leads a failover of the master now (`failover_in_progress`): until the
+    /// promotion is seen, it still names the old primary, at the old epoch.
+    failing_over: bool,
 }
 
 impl SentinelConnection {
@@ -275,6 +278,12 @@ impl SentinelConnection {
     /// announced that it will.
     pub(crate) fn changes(&self) -> watch::Receiver<u64> {
         self.follower.changes.subscribe()
+    }
+
+    /// Whether the primary is still the one the sentinels name, up, at the same epoch
+    /// (every sentinel that answers is asked); forgets it when they name another.
+    pub(crate) async fn confirm_primary(&self) -> bool {
+        self.follower.confirm().await
     }
 
     /// The configuration epoch of the current primary, if one is known.
@@ -350,7 +359,7 @@ impl Follower {
 
     /// Asks the sentinels for the primary and connects to it (see the module's docs).
     async fn look_up(&self) -> RedisResult<Primary> {
-        let sightings = self.ask_sentinels().await?;
+        let sightings = self.ask_sentinels(false).await?;
         let mut last_err = None;
         for sighting in candidates(sightings) {
             match self.connect_primary(&sighting).await {
@@ -374,8 +383,9 @@ impl Follower {
         }))
     }
 
-    /// What a majority of the sentinels (or all that answer) say of the master.
-    async fn ask_sentinels(&self) -> RedisResult<Vec<Sighting>> {
+    /// What a majority of the sentinels (or all that answer) say of the master; with
+    /// `everyone`, what every sentinel that answers within its time limit says.
+    async fn ask_sentinels(&self, everyone: bool) -> RedisResult<Vec<Sighting>> {
         let config = &self.config;
         let asked = config.sentinels.len();
         let mut answers: futures_util::stream::FuturesUnordered<_> = config
@@ -390,7 +400,7 @@ impl Follower {
                 Ok(None) => unknown += 1,
                 Err(err) => last_err = Some(err),
             }
-            if sightings.len() + unknown > asked / 2 {
+            if !everyone && sightings.len() + unknown > asked / 2 {
                 break;
             }
         }
@@ -528,7 +538,7 @@ impl Follower {
     /// Whether the sentinels still name the current primary; forgets it when they name
     /// another.
     async fn check(&self) {
-        let Ok(sightings) = self.ask_sentinels().await else {
+        let Ok(sightings) = self.ask_sentinels(false).await else {
             return;
         };
         let named = candidates(sightings).into_iter().next();
@@ -541,6 +551,32 @@ impl Follower {
             tracing::info!(%host, port, new_host = %named.host, new_port = named.port, "the sentinels name a new primary");
             self.switched();
         }
+    }
+
+    /// Whether every sentinel that answers names the current primary, up, at its epoch:
+    /// then the primary is still the deployment's. When one names another primary or a
+    /// higher epoch, a promotion is under way: the primary is forgotten (and the change
+    /// announced), and the answer is no, as it is when nobody answers.
+    async fn confirm(&self) -> bool {
+        let Some((host, port, epoch)) = lock(&self.current)
+            .as_ref()
+            .map(|p| (p.host.clone(), p.port, p.epoch))
+        else {
+            return false;
+        };
+        let Ok(sightings) = self.ask_sentinels(true).await else {
+            return false;
+        };
+        let moved = sightings
+            .iter()
+            .any(|s| s.host != host || s.port != port || s.epoch > epoch);
+        if moved {
+            tracing::info!(%host, port, "the sentinels name a new primary, or a newer epoch");
+            self.switched();
+            return false;
+        }
+        // A failover under way names the old primary until the promotion is seen.
+        !sightings.iter().any(|s| s.down || s.failing_over)
     }
 
     /// Starts listening for `+switch-master` (once).
@@ -718,14 +754,13 @@ fn parse_sighting(address: &Value, master: &Value) -> Option<Sighting> {
     };
     let field = |name: &str| fields.get(name).map_or("", String::as_str);
     let same = field("ip") == host && field("port") == port.to_string();
+    let flagged = |names: &[&str]| field("flags").split(',').any(|flag| names.contains(&flag));
     Some(Sighting {
         host,
         port,
         epoch: field("config-epoch").parse().unwrap_or(0),
-        down: same
-            && field("flags")
-                .split(',')
-                .any(|flag| matches!(flag, "s_down" | "o_down" | "disconnected")),
+        down: same && flagged(&["s_down", "o_down", "disconnected"]),
+        failing_over: flagged(&["failover_in_progress"]),
     })
 }
 
@@ -762,6 +797,7 @@ mod tests {
             port,
             epoch,
             down,
+            failing_over: false,
         }
     }
 

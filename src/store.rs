@@ -3,8 +3,10 @@
 //! This layer knows the scripts, the value encoding and the reply shapes; it knows nothing
 //! about retries or deadlines (see `policy`).
 
-use std::sync::OnceLock;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -12,7 +14,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
 use crate::mode::{Mode, Modes};
-use crate::replication::{Acks, Replication};
+use crate::replication::{self, Acks, Replicated, Replication};
 use crate::request::{Claim, Ticket, Try};
 use crate::scripts::{self, Lua};
 
@@ -72,7 +74,10 @@ pub(crate) struct Store<C> {
     /// ran again behind whatever was queued after it.
     reloads: AtomicU64,
     /// How many replicas must acknowledge a lock write (see `replication.rs`); set once.
-    replication: OnceLock<Replication>,
+    replicated: OnceLock<Arc<Replicated>>,
+    /// Whether the primary is still the one the deployment names, at the same epoch (the
+    /// sentinels, asked); see [`Replication::all`].
+    confirm: OnceLock<Confirm>,
     /// The configuration epoch of the primary behind the connection, when it is known (a
     /// Sentinel deployment): fencing tokens are led by it (see `lua/fence.lua`).
     epoch: OnceLock<Epoch>,
@@ -80,6 +85,9 @@ pub(crate) struct Store<C> {
 
 /// Tells the configuration epoch of the primary a connection sends to now.
 pub(crate) type Epoch = Box<dyn Fn() -> Option<u64> + Send + Sync>;
+
+/// Asks whether the primary a connection sends to is still the one its deployment names.
+pub(crate) type Confirm = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
 /// The highest epoch fencing tokens are led by: `<epoch><16 digits>` stays below 2^63, the
 /// largest value Redis can INCR.
@@ -102,7 +110,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             conn,
             set_nx_get: AtomicBool::new(true),
             reloads: AtomicU64::new(0),
-            replication: OnceLock::new(),
+            replicated: OnceLock::new(),
+            confirm: OnceLock::new(),
             epoch: OnceLock::new(),
             // A standalone server: plain pub/sub. (redis-rs subscribes to sharded channels
             // only over cluster connections, and a single server gains nothing from them.)
@@ -178,48 +187,89 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     }
 
     /// Makes writes to this server count only once `replication` is met (see
-    /// `replication.rs`): every later lock write waits for its acknowledgements. Set once;
-    /// false when it was set already.
-    pub(crate) fn replicate(&self, replication: Replication) -> bool {
-        self.replication.set(replication).is_ok()
+    /// `replication.rs`), on a primary with `in_sync` replicas in sync now: every later lock
+    /// write waits for its acknowledgements. Set once; false when it was set already.
+    pub(crate) fn replicate(&self, replication: Replication, in_sync: u32) -> bool {
+        let replicated = Arc::new(Replicated::new(replication, in_sync));
+        self.replicated.set(replicated).is_ok()
+    }
+
+    /// Lets `confirm` say whether the primary is still the deployment's (set once).
+    pub(crate) fn confirm_primary_by(&self, confirm: Confirm) {
+        let _ = self.confirm.set(confirm);
     }
 
     /// The replication set for this server, if any (also one that waits for nothing).
     pub(crate) fn replication_set(&self) -> Option<&Replication> {
-        self.replication.get()
+        self.replicated
+            .get()
+            .map(|replicated| replicated.settings())
     }
 
     /// The replication lock writes wait for, when they wait at all.
-    pub(crate) fn replication(&self) -> Option<&Replication> {
-        self.replication
+    pub(crate) fn replication(&self) -> Option<&Arc<Replicated>> {
+        self.replicated
             .get()
-            .filter(|replication| replication.is_on())
+            .filter(|replicated| replicated.settings().is_on())
     }
 
     /// An obtain wrote the claim's keys and `acks` answered for the write: when too few
     /// replicas acknowledged it, the keys are removed again (best effort) and the obtain
     /// fails, since a failover could lose the lock.
     async fn keep_if_replicated(&self, claim: &Claim<'_>, acks: Acks) -> Result<()> {
-        let Some(replication) = self.replication() else {
+        let Some(short) = self.shortfall(&acks) else {
             return Ok(());
         };
-        if replication.acknowledged(&acks) {
-            return Ok(());
-        }
-        tracing::debug!(
-            acknowledged = acks.replicas,
-            required = replication.replicas_needed(),
-            "obtain not replicated in time; removing its keys"
-        );
+        tracing::debug!(%short, "obtain not replicated in time; removing its keys");
         // A custom token may have held these keys before (an outer lock): they are left to
         // expire, as after an unknown outcome.
-        if claim.owner.is_custom() {
-            return Err(not_replicated(replication, acks));
-        }
-        if let Err(err) = self.release(claim, Some("")).await {
+        if !claim.owner.is_custom()
+            && let Err(err) = self.release(claim, Some("")).await
+        {
             tracing::warn!(%err, "removing the keys of an obtain that was not replicated failed; they expire with their TTL");
         }
-        Err(not_replicated(replication, acks))
+        Err(short)
+    }
+
+    /// The error for a write `acks` acknowledged too few times, if it was; then, with
+    /// [`Replication::all`], the replicas are counted again.
+    fn shortfall(&self, acks: &Acks) -> Option<Error> {
+        let short = self.replication()?.check(acks).err()?;
+        self.count_replicas_later(true);
+        Some(short)
+    }
+
+    /// Counts the replicas in sync again, in the background, when due (see
+    /// [`Replicated::start_count`]); after a write fell short (`short`), the count may
+    /// shrink, once the primary is confirmed as the deployment's.
+    fn count_replicas_later(&self, short: bool) {
+        let Some(replicated) = self.replication().filter(|r| r.start_count(short)) else {
+            return;
+        };
+        let replicated = replicated.clone();
+        let (conn, cluster) = (self.conn.clone(), self.is_cluster());
+        let confirm = self.confirm.get().cloned().filter(|_| short);
+        let count = async move {
+            let confirmed = match confirm {
+                Some(confirm) => confirm().await,
+                None => true,
+            };
+            let in_sync = match confirmed {
+                true => replicas_in_sync(conn, cluster).await.ok(),
+                false => None,
+            };
+            replicated.counted(in_sync, short && confirmed);
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(count);
+        } else if let Some(replicated) = self.replication() {
+            replicated.counted(None, false);
+        }
+    }
+
+    /// Whether this is a Redis Cluster connection.
+    fn is_cluster(&self) -> bool {
+        self.announce != scripts::PUBLISH
     }
 
     async fn obtain_plain(&self, claim: &Claim<'_>, how: Try) -> Result<Written<Obtain>> {
@@ -403,10 +453,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             }
         };
         if done == scripts::DONE
-            && let (Some(replication), Some(acks)) = (self.replication(), acks)
-            && !replication.acknowledged(&acks)
+            && let Some(short) = acks.and_then(|acks| self.shortfall(&acks))
         {
-            return Err(not_replicated(replication, acks));
+            return Err(short);
         }
         Ok(Holding::from_reply(done, ()))
     }
@@ -478,19 +527,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Ok(run_id.trim().to_owned())
     }
 
-    /// How many replicas the primary behind this connection has connected: `ROLE` lists
-    /// them; on a cluster, the fewest of any shard that serves slots (`CLUSTER NODES`).
-    pub(crate) async fn replicas_connected(&self) -> Result<u32> {
-        let mut conn = self.conn.clone();
-        if self.announce == scripts::PUBLISH {
-            let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
-            return Ok(replicas_of_role(&role));
-        }
-        let nodes: String = redis::cmd("CLUSTER")
-            .arg("NODES")
-            .query_async(&mut conn)
-            .await?;
-        Ok(fewest_replicas_per_shard(&nodes))
+    /// How many replicas the primary behind this connection has in sync (see
+    /// [`replication::in_sync`]); on a cluster, the fewest of any shard that serves slots.
+    pub(crate) async fn replicas_in_sync(&self) -> Result<u32> {
+        Ok(replicas_in_sync(self.conn.clone(), self.is_cluster()).await?)
     }
 
     /// Whether the server knows `command` (`COMMAND INFO` answers nil for one it does not).
@@ -585,10 +625,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// answer comes back beside the reply.
     async fn query<T: FromRedisValue>(&self, cmd: Cmd, wait: bool) -> RedisResult<Written<T>> {
         let mut conn = self.conn.clone();
-        let Some(replication) = self.replication().filter(|_| wait) else {
+        let Some(replicated) = self.replication().filter(|_| wait) else {
             return Ok((cmd.query_async(&mut conn).await?, None));
         };
-        let mut pipe = replication.pipeline(cmd);
+        self.count_replicas_later(false);
+        let mut pipe = replicated.pipeline(cmd);
         // The write's own error (WRONGTYPE, NOSCRIPT, ...) is reported as it would be alone.
         pipe.ignore_errors();
         let (reply, acks): (Value, Value) = pipe.query_async(&mut conn).await?;
@@ -605,12 +646,22 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 /// A write's reply, and when writes are replicated, how many replicas acknowledged it.
 type Written<T> = (T, Option<Acks>);
 
-/// The error for a write that `acks` acknowledged too few times for `replication`.
-fn not_replicated(replication: &Replication, acks: Acks) -> Error {
-    Error::NotReplicated {
-        acknowledged: acks.replicas,
-        required: replication.replicas_needed(),
+/// How many replicas the primary behind `conn` has in sync: from `INFO replication` (see
+/// [`replication::in_sync`]); on a cluster, the fewest healthy replicas of any shard that
+/// serves slots (`CLUSTER NODES`).
+async fn replicas_in_sync<C: ConnectionLike>(mut conn: C, cluster: bool) -> RedisResult<u32> {
+    if cluster {
+        let nodes: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut conn)
+            .await?;
+        return Ok(fewest_replicas_per_shard(&nodes));
     }
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(&mut conn)
+        .await?;
+    Ok(replication::in_sync(&info))
 }
 
 /// How a script goes to the server.
@@ -620,18 +671,6 @@ enum Sending {
     ByHash,
     /// Whole (EVAL), never depending on a second round trip.
     Whole,
-}
-
-/// How many replicas a `ROLE` reply lists: `["master", offset, [[ip, port, offset], ...]]`;
-/// none for a server that is not a primary.
-fn replicas_of_role(role: &Value) -> u32 {
-    match role {
-        Value::Array(items) => match items.as_slice() {
-            [_, _, Value::Array(replicas)] => u32::try_from(replicas.len()).unwrap_or(u32::MAX),
-            _ => 0,
-        },
-        _ => 0,
-    }
 }
 
 /// The fewest healthy replicas any primary that serves slots has, from `CLUSTER NODES`:
@@ -738,31 +777,6 @@ fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn role_lists_the_connected_replicas() {
-        let replica = |port: &str| {
-            Value::Array(vec![
-                Value::BulkString(b"127.0.0.1".to_vec()),
-                Value::BulkString(port.as_bytes().to_vec()),
-                Value::BulkString(b"10".to_vec()),
-            ])
-        };
-        let primary = Value::Array(vec![
-            Value::BulkString(b"master".to_vec()),
-            Value::Int(10),
-            Value::Array(vec![replica("7001"), replica("7002")]),
-        ]);
-        assert_eq!(replicas_of_role(&primary), 2);
-        let replica_role = Value::Array(vec![
-            Value::BulkString(b"slave".to_vec()),
-            Value::BulkString(b"127.0.0.1".to_vec()),
-            Value::Int(7000),
-            Value::BulkString(b"connected".to_vec()),
-            Value::Int(10),
-        ]);
-        assert_eq!(replicas_of_role(&replica_role), 0);
-    }
 
     #[test]
     fn cluster_nodes_give_the_fewest_healthy_replicas_of_a_shard() {

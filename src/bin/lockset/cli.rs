@@ -110,7 +110,8 @@ pub(crate) struct Global {
 
     /// How many replicas must acknowledge each obtain and refresh before it counts (Redis
     /// WAIT, within 250 ms): then a failover to one of them keeps the lock. More than the
-    /// primary has connected is bad usage. [default: 1 with --sentinel, else 0]
+    /// primary has connected is bad usage. [default: with --sentinel, every replica the
+    /// primary has in sync; else 0]
     #[arg(long, value_name = "N", global = true, help_heading = GLOBAL)]
     pub(crate) replicas: Option<u32>,
 

@@ -113,7 +113,7 @@ pub(crate) fn sentinel_plan(
     let urls: Vec<&str> = sentinels.iter().map(|url| url.trim()).collect();
     let mut config = SentinelConfig::new(urls, name)
         .map_err(|err| bad("--sentinel URL", &err))?
-        .replication(Replication::replicas(replicas.unwrap_or(1)));
+        .replication(replicas.map_or_else(Replication::all, Replication::replicas));
     if let Some(login) = login {
         if let Some(user) = login.username() {
             config = config.username(user);
