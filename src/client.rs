@@ -299,6 +299,13 @@ where
     pub async fn replicated(self, replication: Replication) -> Result<Self> {
         replication.check()?;
         let stores = self.backend().stores();
+        if stores.iter().any(|store| {
+            store
+                .replication_set()
+                .is_some_and(|set| *set != replication)
+        }) {
+            return Err(InvalidInput::ReplicationAlreadySet.into());
+        }
         let mut in_sync = Vec::with_capacity(stores.len());
         for store in stores {
             if !replication.is_on() {

@@ -826,3 +826,69 @@ async fn all_replicas_follow_a_deployment_that_loses_a_replica_or_its_primary() 
     );
     lock.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn replicated_writes_check_their_settings_before_anything_is_written() {
+    let env = support::Env::start().await;
+    // No replica: asking for one is refused, with the count the primary reports.
+    let err = env
+        .other_client()
+        .await
+        .replicated(Replication::replicas(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(InvalidInput::NotEnoughReplicas {
+                requested: 1,
+                connected: 0
+            })
+        ),
+        "{err:?}"
+    );
+    let err = env
+        .other_client()
+        .await
+        .replicated(Replication::all())
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidInput(InvalidInput::NotEnoughReplicas { .. })
+    ));
+    // WAITAOF where the server has it (Redis 7.2+, Valkey), else a clear refusal.
+    let knows_waitaof = env
+        .cmd::<Vec<lockset::redis::Value>>(&["COMMAND", "INFO", "WAITAOF"])
+        .await
+        .first()
+        .is_some_and(|info| *info != lockset::redis::Value::Nil);
+    let aof = env
+        .other_client()
+        .await
+        .replicated(Replication::replicas(0).append_only(true))
+        .await;
+    match knows_waitaof {
+        true => assert!(aof.is_ok(), "{aof:?}"),
+        false => assert!(matches!(
+            aof,
+            Err(Error::InvalidInput(InvalidInput::NoWaitAof))
+        )),
+    }
+    // Nothing waits for nothing: none is always accepted, and set once.
+    let client = env
+        .other_client()
+        .await
+        .replicated(Replication::none())
+        .await
+        .unwrap();
+    let err = client
+        .replicated(Replication::replicas(2))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidInput(InvalidInput::ReplicationAlreadySet)
+    ));
+    assert_eq!(env.dbsize().await, 0);
+}
