@@ -19,7 +19,7 @@ const STARTUP: Duration = Duration::from_secs(20);
 pub struct RedisServer {
     child: Child,
     port: u16,
-    /// A private working folder (cluster nodes keep their node file there).
+    /// Its private working folder, removed with it (cluster nodes keep their node file there).
     dir: Option<PathBuf>,
 }
 
@@ -128,16 +128,29 @@ impl RedisServer {
         panic!("no sentinel started on any of 10 free ports");
     }
 
-    /// `dir`: the server's private folder, removed with it. A configuration file, if any,
-    /// leads `extra`.
+    /// `dir`: the server's private folder, removed with it (the caller passes `--dir`);
+    /// without one, the server gets a fresh folder of its own as its working folder. A
+    /// configuration file, if any, leads `extra`.
     fn try_start_with(port: u16, extra: &[&str], dir: Option<PathBuf>) -> Option<Self> {
         let (file, extra) = match extra.first() {
             Some(first) if !first.starts_with("--") => (Some(*first), &extra[1..]),
             _ => (None, extra),
         };
+        // Never the shared working folder: a replica's full sync writes dump.rdb there, and
+        // every server loads a dump.rdb it finds at start (`--save ""` only stops saving),
+        // so a fresh server would start with another test's keys.
+        let (dir, working) = match dir {
+            Some(dir) => (dir, Vec::new()),
+            None => {
+                let dir = private_dir(port);
+                let working = vec!["--dir".to_owned(), dir.to_string_lossy().into_owned()];
+                (dir, working)
+            }
+        };
         let child = Command::new(server_binary())
             .args(file)
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(&working)
             .args(extra)
             .args(["--save", "", "--appendonly", "no", "--loglevel", "warning"])
             .stdin(Stdio::null())
@@ -150,7 +163,11 @@ impl RedisServer {
                      `apt-get update && apt-get install -y redis-server`"
                 )
             });
-        let mut server = Self { child, port, dir };
+        let mut server = Self {
+            child,
+            port,
+            dir: Some(dir),
+        };
         server.wait_ready().then_some(server)
     }
 
@@ -277,6 +294,19 @@ pub fn cli_binary() -> std::path::PathBuf {
     } else {
         "redis-cli".into()
     }
+}
+
+/// A new, empty folder for a server on `port`: unique also when a server replaces another on
+/// the same port (the old one's folder goes when it is dropped, maybe after the new one
+/// started).
+fn private_dir(port: u16) -> PathBuf {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("lockset-server-{}-{port}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&path);
+    std::fs::create_dir_all(&path).expect("server folder");
+    path
 }
 
 fn free_port() -> u16 {
