@@ -2,6 +2,7 @@
 //! schedule, and a proof over what every holder believed. See `tests/history.rs`.
 #![allow(unreachable_pub)]
 
+pub mod deployment;
 pub mod faults;
 pub mod record;
 pub mod topology;
@@ -195,7 +196,7 @@ fn summary(
         .map_or("none".to_owned(), |gap| format!("{gap:?}"));
     format!(
         "history {}: seed {}, {:.1} of {:.0} s, {clients} clients: {} operations ({} obtains, {} \
-         cancelled, {} errors), {} beliefs, {} faults, max overlap slack {slack} (closest gap \
+         cancelled, {} errors), {} beliefs, {} faults ({} failovers), max overlap slack {slack} (closest gap \
          between owners of one key), {} deadlines missed ({} without a fault), {} violations, at most {} \
          beliefs kept, RSS {} -> {} KiB",
         history.name,
@@ -208,6 +209,7 @@ fn summary(
         stats.errors,
         stats.beliefs,
         stats.faults,
+        stats.failovers,
         stats.deadlines_missed,
         stats.missed_without_faults,
         stats.violations,
