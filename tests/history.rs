@@ -71,14 +71,14 @@ fn report(outcome: &Outcome) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn single_server_history_is_safe() {
-    report(&run(share(30), topology::single).await);
+    report(&run(share(15), topology::single).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn redlock_history_with_delayed_restarts_is_safe() {
     report(
-        &run(share(30), async |seed| {
+        &run(share(15), async |seed| {
             topology::redlock(seed, Restart::Delayed).await
         })
         .await,
@@ -95,7 +95,7 @@ async fn redlock_history_with_delayed_restarts_is_safe() {
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn redlock_history_without_delayed_restarts_is_unsafe() {
     // It stops at the first violation, usually within seconds; give it time to find one.
-    let length = share(15).max(Duration::from_secs(40));
+    let length = share(10).max(Duration::from_secs(40));
     let outcome = run(length, async |seed| {
         topology::redlock(seed, Restart::Immediate).await
     })
@@ -112,7 +112,7 @@ async fn redlock_history_without_delayed_restarts_is_unsafe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn cluster_history_is_safe() {
-    report(&run(share(25), topology::cluster).await);
+    report(&run(share(15), topology::cluster).await);
 }
 
 /// A primary and two replicas behind three sentinels, with the primary killed, paused,
@@ -123,7 +123,7 @@ async fn cluster_history_is_safe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn sentinel_history_with_replicated_writes_is_safe() {
-    report(&run(share(25), async |seed| topology::sentinel(seed, 2).await).await);
+    report(&run(share(30), async |seed| topology::sentinel(seed, 2).await).await);
 }
 
 /// Why writes wait for replicas: without, a failover loses the locks the old primary took

@@ -131,10 +131,11 @@ where
     injector.await.expect("fault injector");
     checker.abort();
     history.finish();
-    let background = settle(&setup.clients).await;
-    // Commands queued in a paused server ran when it resumed: give their keys a full TTL.
-    tokio::time::sleep(MAX_TTL + Duration::from_millis(250)).await;
-    let leftovers = leftovers(&setup.targets).await;
+    // A run that a violation stopped is judged by it alone: its clean-up is not waited for.
+    let (background, leftovers) = match history.stopped() {
+        true => (0, Vec::new()),
+        false => clean_up(&setup.clients, &setup.targets).await,
+    };
     let stats = history.stats();
     let summary = summary(
         &history,
@@ -151,6 +152,18 @@ where
         rss_kib: (rss_before, rss_after),
         summary,
     }
+}
+
+/// Waits until the clients' background tasks ended and every key had its time to expire;
+/// returns how many tasks were left then, and the keys left on the servers.
+async fn clean_up<C>(clients: &[Client<C>], targets: &Targets) -> (usize, Vec<String>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let background = settle(clients).await;
+    // Commands queued in a paused server ran when it resumed: give their keys a full TTL.
+    tokio::time::sleep(MAX_TTL + Duration::from_millis(250)).await;
+    (background, leftovers(targets).await)
 }
 
 /// Keys still on the servers: lock keys now (the longest TTL passed), waiter queues and

@@ -251,7 +251,7 @@ pub async fn sentinel(seed: u64, replicas: u32) -> Setup<SentinelConnection> {
     if replicas == 0 {
         // Promotions (also of a replica behind a cut-off primary) and pauses long enough
         // for a failover lose writes the old primary took: those the checker must see.
-        plan.weights = [30, 5, 5, 5, 5, 5, 0, 30, 30];
+        plan.weights = [10, 5, 5, 5, 5, 5, 0, 50, 30];
     }
     Setup {
         name,
