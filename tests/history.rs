@@ -123,7 +123,7 @@ async fn cluster_history_is_safe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn sentinel_history_with_replicated_writes_is_safe() {
-    report(&run(share(30), async |seed| topology::sentinel(seed, 2).await).await);
+    report(&run(share(25), async |seed| topology::sentinel(seed, 2).await).await);
 }
 
 /// Why writes wait for replicas: without, a failover loses the locks the old primary took
