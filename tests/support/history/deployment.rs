@@ -28,6 +28,7 @@ pub struct Deployment {
 }
 
 impl Deployment {
+    /// `failover`, whole, under faults from now on.
     pub fn new(failover: Failover) -> Self {
         Self {
             failover: Arc::new(Mutex::new(failover)),
