@@ -1,9 +1,12 @@
 //! Faults from a seeded schedule: servers paused (SIGSTOP) or killed and restarted empty,
-//! connections stalled, dropped, cut or slowed in a TCP proxy, cluster slots migrated.
+//! connections stalled, dropped, cut or slowed in a TCP proxy, cluster slots migrated;
+//! in a Sentinel deployment also replicas promoted on purpose and primaries cut off from
+//! their replicas (see `deployment.rs`).
 //!
 //! The whole schedule is drawn from the seed before the run starts, so a seed reproduces
 //! it; a target (a server, a proxy) has at most one fault at a time, and every fault heals
-//! itself when its time is up.
+//! itself when its time is up. A Sentinel deployment's servers take turns: one of its
+//! faults at a time.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -13,6 +16,7 @@ use rand::{RngExt as _, SeedableRng as _};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::deployment::Deployment;
 use super::record::History;
 use super::workload::MAX_TTL;
 use crate::support::proxy::Proxy;
@@ -28,6 +32,9 @@ pub enum Restart {
     Delayed,
     /// Back at once, empty: it forgets locks that are still valid.
     Immediate,
+    /// Back empty, as a replica of the primary (a primary only once the sentinels promoted
+    /// a replica in its place): it copies the locks from there.
+    AsReplica,
 }
 
 /// What the schedule may do to a topology, and how often.
@@ -38,10 +45,14 @@ pub struct Plan {
     pub restart: Restart,
     /// Cluster slots whose keys may be migrated to another node.
     pub slots: Vec<u16>,
+    /// A Sentinel deployment: replicas may be promoted on purpose and the primary cut off
+    /// from its replicas, and the servers' faults take turns with those (one at a time).
+    pub failovers: bool,
     /// The time between two faults starting, in ms.
     pub gap_ms: (u64, u64),
-    /// Relative weights: pause, restart, stall, latency, drop, cut, migrate.
-    pub weights: [u32; 7],
+    /// Relative weights: pause, restart, stall, latency, drop, cut, migrate, promote, cut
+    /// off.
+    pub weights: [u32; 9],
     /// How many servers are down (paused or killed) from the start, before any client
     /// spoke to them, for a long stretch of the run (Redlock: a minority of its masters).
     pub down_at_start: usize,
@@ -55,13 +66,25 @@ impl Plan {
             proxies,
             restart,
             slots,
+            failovers: false,
             gap_ms: (100, 700),
-            weights: [25, 15, 15, 15, 10, 10, 15],
+            weights: [25, 15, 15, 15, 10, 10, 15, 0, 0],
             down_at_start: 0,
+        }
+    }
+
+    /// A Sentinel deployment of three data nodes, and `proxies` in front of its sentinels.
+    pub fn failover(proxies: usize) -> Self {
+        Self {
+            failovers: true,
+            weights: [15, 20, 10, 10, 10, 10, 0, 25, 20],
+            ..Self::mixed(3, proxies, Restart::AsReplica, Vec::new())
         }
     }
 }
 
+/// A fault. In a Sentinel deployment, server 0 is whichever data node is the primary when
+/// the fault starts, servers 1 and 2 its replicas.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fault {
     Pause {
@@ -92,12 +115,33 @@ pub enum Fault {
         slot: u16,
         shift: usize,
     },
+    /// `SENTINEL FAILOVER` on a sentinel: a replica promoted on purpose.
+    Promote {
+        sentinel: usize,
+    },
+    /// The primary's replication links stalled while its clients still reach it.
+    CutOff {
+        for_: Duration,
+        then: AfterCutOff,
+    },
+}
+
+/// What ends a cut-off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterCutOff {
+    /// The links resume.
+    Heal,
+    /// A replica, behind by what the primary took meanwhile, is promoted.
+    Promote,
+    /// The primary is killed (and comes back as a replica).
+    Kill,
 }
 
 /// The faults of a run, each with when it starts.
 pub fn schedule(seed: u64, plan: &Plan, length: Duration) -> Vec<(Duration, Fault)> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xFA17);
-    // When each server, then each proxy, then the migration lane is free again.
+    // When each server, then each proxy, then the lane (migrations, or a Sentinel
+    // deployment's turns) is free again.
     let mut free = vec![Duration::ZERO; plan.servers + plan.proxies + 1];
     let mut faults = Vec::new();
     for (server, fault, busy) in down_at_start(&mut rng, plan, length) {
@@ -158,9 +202,10 @@ fn pick_kind(rng: &mut SmallRng, plan: &Plan) -> Option<usize> {
         0 => plan.servers > 0,
         1 => plan.restart != Restart::Never,
         2..=5 => plan.proxies > 0,
-        _ => !plan.slots.is_empty(),
+        6 => !plan.slots.is_empty(),
+        _ => plan.failovers,
     };
-    let weights: Vec<u32> = (0..7)
+    let weights: Vec<u32> = (0..9)
         .map(|k| if allowed(k) { plan.weights[k] } else { 0 })
         .collect();
     let total: u32 = weights.iter().sum();
@@ -186,30 +231,47 @@ fn draw(
     free: &[Duration],
     at: Duration,
 ) -> Option<(Fault, Duration, Vec<usize>)> {
-    let free_server = |rng: &mut SmallRng| pick_free(rng, &free[..plan.servers], at);
+    // Half of a Sentinel deployment's node faults hit the primary (server 0).
+    let free_server = |rng: &mut SmallRng| match plan.failovers && rng.random_bool(0.5) {
+        true => Some(0),
+        false => pick_free(rng, &free[..plan.servers], at),
+    };
     let proxies = plan.servers..plan.servers + plan.proxies;
     let free_proxy = |rng: &mut SmallRng| pick_free(rng, &free[proxies.clone()], at);
     // Some faults outlast every TTL: a holder must learn that its lock ran out meanwhile.
     let span = |rng: &mut SmallRng, max: u64| ms(rng.random_range(20..=max));
     let settle = ms(50);
+    // A Sentinel deployment's faults take turns; each waits until it is whole again.
+    let lane = plan.servers + plan.proxies;
+    if plan.failovers && matches!(kind, 0 | 1 | 7 | 8) && free[lane] > at {
+        return None;
+    }
+    let turn = |server: usize| match plan.failovers {
+        true => vec![server, lane],
+        false => vec![server],
+    };
     let drawn = match kind {
         0 => {
             let server = free_server(rng)?;
-            let for_ = span(rng, 1_500);
-            (Fault::Pause { server, for_ }, for_ + settle, vec![server])
+            // Some pauses of a Sentinel deployment's primary last long enough for a failover.
+            let for_ = match plan.failovers && rng.random_bool(0.3) {
+                true => ms(rng.random_range(2_500..=4_000)),
+                false => span(rng, 1_500),
+            };
+            let busy = for_ + if plan.failovers { ms(1_000) } else { settle };
+            (Fault::Pause { server, for_ }, busy, turn(server))
         }
         1 => {
             let server = free_server(rng)?;
             let down = match plan.restart {
                 Restart::Delayed => MAX_TTL + ms(rng.random_range(100..=400)),
+                Restart::AsReplica => ms(rng.random_range(0..=1_500)),
                 _ => ms(rng.random_range(0..=30)),
             };
-            // Starting a server takes a while; keep the target busy for it.
-            (
-                Fault::Restart { server, down },
-                down + ms(300),
-                vec![server],
-            )
+            // Starting a server takes a while (a failover and a full copy longer); keep the
+            // target busy for it.
+            let busy = down + if plan.failovers { ms(2_500) } else { ms(300) };
+            (Fault::Restart { server, down }, busy, turn(server))
         }
         2 => {
             let proxy = free_proxy(rng)?;
@@ -239,16 +301,28 @@ fn draw(
             let proxy = free_proxy(rng)?;
             (Fault::Cut { proxy }, settle, vec![plan.servers + proxy])
         }
-        _ => {
+        6 => {
             // One migration at a time. A paused node only makes it take longer (redis-cli
             // waits for it): a slot stuck half-way is a fault of its own.
-            let lane = plan.servers + plan.proxies;
             if free[lane] > at {
                 return None;
             }
             let slot = plan.slots[rng.random_range(0..plan.slots.len())];
             let shift = rng.random_range(1..plan.servers.max(2));
             (Fault::Migrate { slot, shift }, ms(1_000), vec![lane])
+        }
+        7 => {
+            let sentinel = rng.random_range(0..3);
+            (Fault::Promote { sentinel }, ms(3_000), vec![lane])
+        }
+        _ => {
+            let for_ = ms(rng.random_range(100..=1_500));
+            let then = match rng.random_range(0..3) {
+                0 => AfterCutOff::Heal,
+                1 => AfterCutOff::Promote,
+                _ => AfterCutOff::Kill,
+            };
+            (Fault::CutOff { for_, then }, for_ + ms(3_000), vec![lane])
         }
     };
     Some(drawn)
@@ -271,6 +345,8 @@ pub enum Servers {
     Plain(Vec<Arc<Mutex<RedisServer>>>),
     #[cfg(feature = "cluster")]
     Cluster(Arc<crate::support::cluster::Cluster>),
+    /// A primary with replicas behind sentinels.
+    Sentinel(Arc<Deployment>),
 }
 
 impl Servers {
@@ -289,6 +365,7 @@ impl Servers {
             }
             #[cfg(feature = "cluster")]
             Self::Cluster(_) => unreachable!("cluster nodes are reached through the cluster"),
+            Self::Sentinel(_) => unreachable!("a deployment's nodes are reached through it"),
         };
         run.await.expect("fault task")
     }
@@ -329,6 +406,7 @@ impl Servers {
                 })
                 .filter(|key| !key.is_empty())
                 .collect(),
+            Self::Sentinel(deployment) => deployment.keys().await,
         };
         keys.into_iter()
             .filter(|key| !key.ends_with(":fence"))
@@ -390,6 +468,20 @@ async fn apply(
     history: Arc<History>,
     began: Option<tokio::sync::oneshot::Sender<()>>,
 ) {
+    if let Servers::Sentinel(deployment) = &targets.servers
+        && matches!(
+            fault,
+            Fault::Pause { .. }
+                | Fault::Restart { .. }
+                | Fault::Promote { .. }
+                | Fault::CutOff { .. }
+        )
+    {
+        if let Some(began) = began {
+            let _ = began.send(());
+        }
+        return deployment.apply(fault, &history).await;
+    }
     let span = history.fault_started(describe(&fault));
     let began = move || {
         if let Some(began) = began {
@@ -426,6 +518,9 @@ async fn apply(
         Fault::Drop { proxy } => targets.proxies[proxy].drop_connections(),
         Fault::Cut { proxy } => targets.proxies[proxy].cut_next_reply(),
         Fault::Migrate { slot, shift } => migrate(&targets.servers, slot, shift).await,
+        Fault::Promote { .. } | Fault::CutOff { .. } => {
+            unreachable!("only a Sentinel deployment fails over")
+        }
     }
     history.fault_ended(span);
 }
@@ -455,11 +550,15 @@ async fn migrate(servers: &Servers, slot: u16, shift: usize) {
     }
 }
 
-fn describe(fault: &Fault) -> String {
+pub fn describe(fault: &Fault) -> String {
     match fault {
         Fault::Pause { server, for_ } => format!("server {server} paused for {for_:?}"),
         Fault::Restart { server, down } => {
             format!("server {server} killed, restarted empty after {down:?}")
+        }
+        Fault::Promote { sentinel } => format!("sentinel {sentinel} promotes a replica"),
+        Fault::CutOff { for_, then } => {
+            format!("the primary cut off from its replicas for {for_:?}, then {then:?}")
         }
         Fault::Stall { proxy, for_ } => format!("proxy {proxy} stalled for {for_:?}"),
         Fault::Latency {

@@ -2,6 +2,7 @@
 //! schedule, and a proof over what every holder believed. See `tests/history.rs`.
 #![allow(unreachable_pub)]
 
+pub mod deployment;
 pub mod faults;
 pub mod record;
 pub mod topology;
@@ -131,10 +132,11 @@ where
     injector.await.expect("fault injector");
     checker.abort();
     history.finish();
-    let background = settle(&setup.clients).await;
-    // Commands queued in a paused server ran when it resumed: give their keys a full TTL.
-    tokio::time::sleep(MAX_TTL + Duration::from_millis(250)).await;
-    let leftovers = leftovers(&setup.targets).await;
+    // A run that a violation stopped is judged by it alone: its clean-up is not waited for.
+    let (background, leftovers) = match history.stopped() {
+        true => (0, Vec::new()),
+        false => clean_up(&setup.clients, &setup.targets).await,
+    };
     let stats = history.stats();
     let summary = summary(
         &history,
@@ -151,6 +153,18 @@ where
         rss_kib: (rss_before, rss_after),
         summary,
     }
+}
+
+/// Waits until the clients' background tasks ended and every key had its time to expire;
+/// returns how many tasks were left then, and the keys left on the servers.
+async fn clean_up<C>(clients: &[Client<C>], targets: &Targets) -> (usize, Vec<String>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let background = settle(clients).await;
+    // Commands queued in a paused server ran when it resumed: give their keys a full TTL.
+    tokio::time::sleep(MAX_TTL + Duration::from_millis(250)).await;
+    (background, leftovers(targets).await)
 }
 
 /// Keys still on the servers: lock keys now (the longest TTL passed), waiter queues and
@@ -196,7 +210,7 @@ fn summary(
         .map_or("none".to_owned(), |gap| format!("{gap:?}"));
     format!(
         "history {}: seed {}, {:.1} of {:.0} s, {clients} clients: {} operations ({} obtains, {} \
-         cancelled, {} errors), {} beliefs, {} faults, max overlap slack {slack} (closest gap \
+         cancelled, {} errors), {} beliefs, {} faults ({} failovers), max overlap slack {slack} (closest gap \
          between owners of one key), {} deadlines missed ({} without a fault), {} violations, at most {} \
          beliefs kept, RSS {} -> {} KiB",
         history.name,
@@ -209,6 +223,7 @@ fn summary(
         stats.errors,
         stats.beliefs,
         stats.faults,
+        stats.failovers,
         stats.deadlines_missed,
         stats.missed_without_faults,
         stats.violations,

@@ -56,6 +56,8 @@ pub struct Stats {
     pub obtains: u64,
     pub beliefs: u64,
     pub faults: u64,
+    /// Faults after which another node was the primary.
+    pub failovers: u64,
     pub cancelled: u64,
     pub errors: u64,
     /// The closest two beliefs of different owners on one key came (None: never adjacent).
@@ -450,6 +452,21 @@ impl History {
 
     pub fn fault_ended(&self, fault: usize) {
         self.state().faults[fault].end = Some(Instant::now());
+    }
+
+    /// As [`History::fault_ended`], with what came of the fault (for reports).
+    pub fn fault_ended_with(&self, fault: usize, outcome: &str) {
+        let mut state = self.state();
+        let span = &mut state.faults[fault];
+        span.end = Some(Instant::now());
+        if !outcome.is_empty() {
+            let _ = write!(span.what, " ({outcome})");
+        }
+    }
+
+    /// A fault left another node the primary.
+    pub fn failed_over(&self) {
+        self.state().stats.failovers += 1;
     }
 
     /// The faults active at some point between `from` and `to`, or "none".

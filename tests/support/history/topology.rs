@@ -1,16 +1,19 @@
 //! The topologies under test, each with its clients built as separate processes would
-//! build them: one server, a Redlock quorum of five masters, a three-master cluster.
+//! build them: one server, a Redlock quorum of five masters, a three-master cluster, a
+//! primary with two replicas behind three sentinels.
 
 use std::sync::{Arc, Mutex};
 
 use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use lockset::{Client, QuorumConfig};
+use lockset::{Client, QuorumConfig, Replication, SentinelConfig, SentinelConnection};
 use rand::rngs::SmallRng;
 use rand::{RngExt as _, SeedableRng as _};
 
 use super::Setup;
+use super::deployment::Deployment;
 use super::faults::{Plan, Restart, Servers, Targets};
 use crate::support::proxy::Proxy;
+use crate::support::sentinel::{Failover, MASTER};
 use crate::support::{RedisServer, ms};
 
 /// How many clients a seed gets: 8 to 32.
@@ -130,7 +133,7 @@ pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
     if restart == Restart::Immediate {
         // Restarts often, so that a majority can forget a lock within one TTL.
         plan.gap_ms = (10, 120);
-        plan.weights = [15, 60, 5, 5, 5, 5, 0];
+        plan.weights = [15, 60, 5, 5, 5, 5, 0, 0, 0];
     }
     Setup {
         name: name.to_owned(),
@@ -205,4 +208,65 @@ fn tags_per_master(cluster: &crate::support::cluster::Cluster) -> Vec<String> {
         tags.push(tag);
     }
     tags
+}
+
+/// A primary with two replicas behind three sentinels, each sentinel behind a proxy. Every
+/// client follows the primary with a `Client::connect_sentinel` of its own, reaching each
+/// sentinel directly or through its proxy, and counts a write once `replication` is met.
+pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConnection> {
+    let mut rng = SmallRng::seed_from_u64(seed ^ 0x5E47);
+    let failover = Failover::start(2).await;
+    let mut proxies = Vec::new();
+    for sentinel in &failover.sentinels {
+        proxies.push(Arc::new(Proxy::start(sentinel.port()).await));
+    }
+    let mut clients = Vec::new();
+    for _ in 0..client_count(&mut rng) {
+        let sentinels: Vec<String> = failover
+            .sentinels
+            .iter()
+            .zip(&proxies)
+            .map(|(sentinel, proxy)| match rng.random_bool(0.5) {
+                true => proxy.url(),
+                false => sentinel.url(),
+            })
+            .collect();
+        let config = SentinelConfig::new(sentinels, MASTER).expect("sentinel config");
+        // Default time limits, or short ones (the reply's above the replicas' wait).
+        let (replication, config) = match rng.random_range(0..3) {
+            0 => (replication, config),
+            1 => (
+                replication.timeout(ms(150)),
+                config.response_timeout(ms(300)).connection_timeout(ms(300)),
+            ),
+            _ => (
+                replication.timeout(ms(60)),
+                config.response_timeout(ms(150)),
+            ),
+        };
+        let config = config.replication(replication);
+        clients.push(Client::connect_sentinel(config).await.expect("connect"));
+    }
+    let name = match replication.replicas_needed() {
+        Some(0) => "Sentinel without replication".to_owned(),
+        Some(n) => format!("Sentinel, {n} replicas acknowledging"),
+        None => "Sentinel, every replica in sync acknowledging".to_owned(),
+    };
+    let mut plan = Plan::failover(proxies.len());
+    if replication.replicas_needed() == Some(0) {
+        // Promotions (also of a replica behind a cut-off primary) and pauses long enough
+        // for a failover lose writes the old primary took: those the checker must see.
+        plan.weights = [10, 5, 5, 5, 5, 5, 0, 50, 30];
+    }
+    Setup {
+        name,
+        clients,
+        pool: plain_pool(),
+        fencing: true,
+        plan,
+        targets: Arc::new(Targets {
+            servers: Servers::Sentinel(Arc::new(Deployment::new(failover))),
+            proxies,
+        }),
+    }
 }
