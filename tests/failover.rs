@@ -244,6 +244,24 @@ where
     }
 }
 
+/// Kills the primary of `failover`, waits for the promotion, and releases `lock` as soon as
+/// its client follows the new primary; returns when the release was sent.
+async fn release_after_a_failover(
+    failover: &mut Failover,
+    lock: lockset::Lock<lockset::SentinelConnection>,
+) -> Instant {
+    let old = failover.nodes[failover.primary()].port();
+    failover.kill_primary();
+    failover.wait_for_promotion(old).await;
+    support::eventually(ms(10_000), "the holder follows the primary", async || {
+        lock.ttl().await.is_ok()
+    })
+    .await;
+    let released = Instant::now();
+    lock.release().await.unwrap();
+    released
+}
+
 /// Whether the node `index` of `failover` has `key`.
 async fn has(failover: &Failover, index: usize, key: &str) -> bool {
     let found: i64 = raw(failover, index).await.exists(key).await.unwrap();
@@ -441,17 +459,9 @@ async fn waiters_blocked_before_a_failover_are_woken_by_releases_after_it() {
         queued == 2
     })
     .await;
-    let old = failover.nodes[0].port();
-    failover.kill_primary();
-    failover.wait_for_promotion(old).await;
     // The holder follows the primary and releases there; the waiters hear it, although
     // they listened on the old primary: no sleeping out a 10 s retry or the TTL.
-    support::eventually(ms(10_000), "the holder's release", async || {
-        lock.ttl().await.is_ok()
-    })
-    .await;
-    let released = Instant::now();
-    lock.release().await.unwrap();
+    let released = release_after_a_failover(&mut failover, lock).await;
     for waiter in waiters {
         let got = tokio::time::timeout(ms(10_000), waiter)
             .await
@@ -559,15 +569,7 @@ async fn sentinels_and_data_nodes_with_passwords() {
         lock.release().await.unwrap();
         got
     });
-    let old = failover.nodes[0].port();
-    failover.kill_primary();
-    failover.wait_for_promotion(old).await;
-    support::eventually(ms(10_000), "the holder follows the primary", async || {
-        lock.ttl().await.is_ok()
-    })
-    .await;
-    let released = Instant::now();
-    lock.release().await.unwrap();
+    let released = release_after_a_failover(&mut failover, lock).await;
     let got = tokio::time::timeout(ms(10_000), waiting)
         .await
         .expect("the waiter slept through the release")

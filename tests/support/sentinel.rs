@@ -144,10 +144,12 @@ impl Failover {
 
     /// The port of the node the first sentinel names as primary.
     pub fn named_primary(&self) -> u16 {
-        let reply = self.ask_sentinel(
-            self.sentinels[0].port(),
-            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
-        );
+        self.named_by(self.sentinels[0].port())
+    }
+
+    /// The port of the node the sentinel at `port` names as primary (0: none).
+    fn named_by(&self, port: u16) -> u16 {
+        let reply = self.ask_sentinel(port, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER]);
         reply
             .lines()
             .nth(1)
@@ -178,17 +180,7 @@ impl Failover {
             let named: Vec<u16> = self
                 .sentinels
                 .iter()
-                .map(|sentinel| {
-                    let reply = self.ask_sentinel(
-                        sentinel.port(),
-                        &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER],
-                    );
-                    reply
-                        .lines()
-                        .nth(1)
-                        .and_then(|port| port.trim().parse().ok())
-                        .unwrap_or(0)
-                })
+                .map(|sentinel| self.named_by(sentinel.port()))
                 .collect();
             if let Some(&port) = named.first()
                 && port != old_port
