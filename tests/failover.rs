@@ -244,6 +244,23 @@ where
     }
 }
 
+/// A waiter of `key` on `client`, which polls only every 10 s (a release event must wake
+/// it): when it got the lock.
+fn wait_for(
+    client: Client<lockset::SentinelConnection>,
+    key: &'static str,
+) -> tokio::task::JoinHandle<Instant> {
+    tokio::spawn(async move {
+        let options = Options::default()
+            .retry(Retry::linear(ms(10_000)))
+            .timeout(ms(60_000));
+        let lock = client.obtain(key, ms(30_000), &options).await.unwrap();
+        let got = Instant::now();
+        lock.release().await.unwrap();
+        got
+    })
+}
+
 /// Kills the primary of `failover`, waits for the promotion, and releases `lock` as soon as
 /// its client follows the new primary; returns when the release was sent.
 async fn release_after_a_failover(
@@ -439,15 +456,7 @@ async fn waiters_blocked_before_a_failover_are_woken_by_releases_after_it() {
         let client = Client::connect_sentinel(failover.config(Replication::replicas(1)))
             .await
             .unwrap();
-        waiters.push(tokio::spawn(async move {
-            let options = Options::default()
-                .retry(Retry::linear(ms(10_000)))
-                .timeout(ms(60_000));
-            let lock = client.obtain("busy", ms(30_000), &options).await.unwrap();
-            let got = Instant::now();
-            lock.release().await.unwrap();
-            got
-        }));
+        waiters.push(wait_for(client, "busy"));
     }
     // Both wait (queued, listening) before the failover.
     support::eventually(ms(10_000), "two queued waiters", async || {
@@ -560,15 +569,7 @@ async fn sentinels_and_data_nodes_with_passwords() {
         .await
         .unwrap();
     // A waiter listens (release events log in too), across a failover.
-    let waiting = tokio::spawn(async move {
-        let options = Options::default()
-            .retry(Retry::linear(ms(10_000)))
-            .timeout(ms(60_000));
-        let lock = waiter.obtain("secret", ms(30_000), &options).await.unwrap();
-        let got = Instant::now();
-        lock.release().await.unwrap();
-        got
-    });
+    let waiting = wait_for(waiter, "secret");
     let released = release_after_a_failover(&mut failover, lock).await;
     let got = tokio::time::timeout(ms(10_000), waiting)
         .await
