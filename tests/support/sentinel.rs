@@ -175,6 +175,17 @@ impl Failover {
     /// Waits until every sentinel names a primary other than `old_port`, and that node says
     /// it is the primary; returns its index.
     pub async fn wait_for_promotion(&self, old_port: u16) -> usize {
+        match self.promotion(old_port, FAILOVER_WITHIN).await {
+            Ok(index) => index,
+            Err(named) => {
+                panic!("no promotion within {FAILOVER_WITHIN:?} (sentinels name {named:?})")
+            }
+        }
+    }
+
+    /// As [`Failover::wait_for_promotion`], for at most `within`; else what the sentinels
+    /// name (a failover the sentinels gave up, say: no replica was good enough).
+    pub async fn promotion(&self, old_port: u16, within: Duration) -> Result<usize, Vec<u16>> {
         let start = Instant::now();
         loop {
             let named: Vec<u16> = self
@@ -188,12 +199,11 @@ impl Failover {
                 && self.role(port) == "master"
                 && let Some(index) = self.nodes.iter().position(|n| n.port() == port)
             {
-                return index;
+                return Ok(index);
             }
-            assert!(
-                start.elapsed() < FAILOVER_WITHIN,
-                "no promotion within {FAILOVER_WITHIN:?} (sentinels name {named:?})"
-            );
+            if start.elapsed() >= within {
+                return Err(named);
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
