@@ -23,7 +23,7 @@ use crate::options::Options;
 use crate::options::default_waiter_lease;
 use crate::policy::{self, Held, Limit, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig};
-use crate::replication::Replication;
+use crate::replication::{Replicas, Replication};
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
 use crate::retry::Retry;
 use crate::sentinel::{SentinelConfig, SentinelConnection};
@@ -182,9 +182,9 @@ impl Client<SentinelConnection> {
             let epoch = conn.clone();
             store.lead_fences_by(Box::new(move || epoch.epoch()));
             let confirm = conn.clone();
-            store.confirm_primary_by(Arc::new(move || {
+            store.confirm_primary_by(Arc::new(move |missing| {
                 let confirm = confirm.clone();
-                Box::pin(async move { confirm.confirm_primary().await })
+                Box::pin(async move { confirm.confirm_primary(missing).await })
             }));
         }
         let _ = client.inner.address.set(conn.name());
@@ -306,28 +306,28 @@ where
         }) {
             return Err(InvalidInput::ReplicationAlreadySet.into());
         }
-        let mut in_sync = Vec::with_capacity(stores.len());
+        let mut seen = Vec::with_capacity(stores.len());
         for store in stores {
             if !replication.is_on() {
-                in_sync.push(0);
+                seen.push(Replicas::default());
                 continue;
             }
             if replication.uses_aof() && !store.knows("WAITAOF").await? {
                 return Err(InvalidInput::NoWaitAof.into());
             }
-            let connected = store.replicas_in_sync().await?;
+            let replicas = store.replicas().await?;
             let requested = replication.replicas_needed().unwrap_or(1);
-            if connected < requested {
+            if replicas.in_sync < requested {
                 return Err(InvalidInput::NotEnoughReplicas {
                     requested,
-                    connected,
+                    connected: replicas.in_sync,
                 }
                 .into());
             }
-            in_sync.push(connected);
+            seen.push(replicas);
         }
-        for (store, in_sync) in stores.iter().zip(in_sync) {
-            if !store.replicate(replication, in_sync)
+        for (store, replicas) in stores.iter().zip(&seen) {
+            if !store.replicate(replication, replicas)
                 && store.replication_set() != Some(&replication)
             {
                 return Err(InvalidInput::ReplicationAlreadySet.into());

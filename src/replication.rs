@@ -182,13 +182,20 @@ impl Replication {
 /// How often the replicas are counted again, with [`Replication::all`].
 const RECOUNT_EVERY: Duration = Duration::from_secs(5);
 
+/// A replica's address, as its primary lists it.
+pub(crate) type Address = (String, u16);
+
 /// One server's replicated writes: the settings, and how many replicas they wait for now.
 #[derive(Debug)]
 pub(crate) struct Replicated {
     settings: Replication,
-    /// The count asked for; with [`Replication::all`], the replicas in sync when last
-    /// counted, at least one.
+    /// The count asked for; with [`Replication::all`], at least the replicas in sync when
+    /// last seen, and at least one.
     needed: AtomicU32,
+    /// With [`Replication::all`]: every replica the primary listed since the count last
+    /// shrank. One of them missing, or not in sync, may be a replica being promoted: the
+    /// count only shrinks once none of them is a primary.
+    known: Mutex<Vec<Address>>,
     /// When the replicas were last counted ([`Replication::all`]).
     counted: Mutex<Instant>,
     /// A count runs now.
@@ -196,11 +203,13 @@ pub(crate) struct Replicated {
 }
 
 impl Replicated {
-    /// Replicated writes per `settings` on a primary with `in_sync` replicas in sync.
-    pub(crate) fn new(settings: Replication, in_sync: u32) -> Self {
+    /// Replicated writes per `settings` on a primary with `replicas`.
+    pub(crate) fn new(settings: Replication, replicas: &Replicas) -> Self {
+        let in_sync = replicas.in_sync;
         Self {
             settings,
             needed: AtomicU32::new(settings.replicas.unwrap_or(in_sync.max(1))),
+            known: Mutex::new(replicas.listed.clone()),
             counted: Mutex::new(Instant::now()),
             counting: AtomicBool::new(false),
         }
@@ -215,9 +224,28 @@ impl Replicated {
         self.needed.load(Ordering::Relaxed)
     }
 
-    /// `write` followed, in one request, by the wait for its acknowledgements.
-    pub(crate) fn pipeline(&self, write: Cmd) -> Pipeline {
-        self.settings.pipeline(write, self.needed())
+    /// `write` followed, in one request, by the wait for its acknowledgements; with
+    /// `look`, then `INFO replication`, to see the replicas the primary has right after
+    /// (see [`Replicated::saw`]).
+    pub(crate) fn pipeline(&self, write: Cmd, look: bool) -> Pipeline {
+        let mut pipe = self.settings.pipeline(write, self.needed());
+        if look {
+            pipe.cmd("INFO").arg("replication");
+        }
+        pipe
+    }
+
+    /// The primary has `replicas` now ([`Replication::all`]): the count needed grows to
+    /// the replicas in sync at once (a replica that just caught up may be promoted next),
+    /// and every replica listed is remembered.
+    pub(crate) fn saw(&self, replicas: &Replicas) {
+        self.needed.fetch_max(replicas.in_sync, Ordering::Relaxed);
+        let mut known = lock(&self.known);
+        for address in &replicas.listed {
+            if !known.contains(address) {
+                known.push(address.clone());
+            }
+        }
     }
 
     /// Whether the reply of the waiting command counts enough acknowledgements; the error
@@ -246,13 +274,26 @@ impl Replicated {
         due && !self.counting.swap(true, Ordering::AcqRel)
     }
 
-    /// A count ended: `in_sync` replicas in sync (`None`: unknown). The count needed grows
-    /// to it; it shrinks to it (never below one) only with `may_shrink`: a write fell short
-    /// on a primary confirmed as the one the deployment names, at the same epoch.
-    pub(crate) fn counted(&self, in_sync: Option<u32>, may_shrink: bool) {
-        if let Some(in_sync) = in_sync.map(|n| n.max(1)) {
+    /// The replicas once listed that `now` does not have in sync: any may be one being
+    /// promoted.
+    pub(crate) fn missing(&self, now: &Replicas) -> Vec<Address> {
+        lock(&self.known)
+            .iter()
+            .filter(|known| !now.synced.contains(known))
+            .cloned()
+            .collect()
+    }
+
+    /// A count ended: the primary has `replicas` (`None`: unknown). The count needed grows
+    /// to the replicas in sync; it shrinks to them (never below one) only with
+    /// `may_shrink`: a write fell short, on a primary confirmed as the deployment's, whose
+    /// missing replicas are none of them a primary.
+    pub(crate) fn counted(&self, replicas: Option<&Replicas>, may_shrink: bool) {
+        if let Some(replicas) = replicas {
+            let in_sync = replicas.in_sync.max(1);
             if may_shrink {
                 let before = self.needed.swap(in_sync, Ordering::Relaxed);
+                *lock(&self.known) = replicas.listed.clone();
                 if in_sync < before {
                     tracing::info!(
                         before,
@@ -261,7 +302,7 @@ impl Replicated {
                     );
                 }
             } else {
-                self.needed.fetch_max(in_sync, Ordering::Relaxed);
+                self.saw(replicas);
             }
         }
         *lock(&self.counted) = Instant::now();
@@ -269,25 +310,59 @@ impl Replicated {
     }
 }
 
-/// How many replicas an `INFO replication` reply lists as online and acknowledging within
-/// the last 2 s (`slaveN:ip=…,port=…,state=online,offset=…,lag=0`).
-pub(crate) fn in_sync(info: &str) -> u32 {
-    let replicas = info.lines().filter(|line| {
-        let Some((name, fields)) = line.split_once(':') else {
-            return false;
-        };
-        let field = |key: &str| {
-            fields
-                .split(',')
-                .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
-        };
-        name.starts_with("slave")
-            && field("state") == Some("online")
-            && field("lag")
-                .and_then(|lag| lag.trim().parse::<u64>().ok())
-                .is_some_and(|lag| lag <= 2)
-    });
-    u32::try_from(replicas.count()).unwrap_or(u32::MAX)
+/// The replicas a primary has, from `INFO replication`
+/// (`slaveN:ip=…,port=…,state=online,offset=…,lag=0`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Replicas {
+    /// How many are online and acknowledged within the last 2 s.
+    pub(crate) in_sync: u32,
+    /// Their addresses (none known on a cluster, where only the count is).
+    pub(crate) synced: Vec<Address>,
+    /// Every replica listed, in sync or not.
+    pub(crate) listed: Vec<Address>,
+}
+
+impl Replicas {
+    /// `in_sync` replicas whose addresses are not known (a cluster's fewest per shard).
+    pub(crate) fn counted(in_sync: u32) -> Self {
+        Self {
+            in_sync,
+            ..Self::default()
+        }
+    }
+
+    /// Reads an `INFO replication` reply.
+    pub(crate) fn parse(info: &str) -> Self {
+        let mut replicas = Self::default();
+        for line in info.lines() {
+            let Some((name, fields)) = line.split_once(':') else {
+                continue;
+            };
+            if !name.starts_with("slave") {
+                continue;
+            }
+            let field = |key: &str| {
+                fields
+                    .split(',')
+                    .find_map(|pair| pair.strip_prefix(key)?.strip_prefix('='))
+            };
+            let Some(address) = field("ip").zip(field("port").and_then(|p| p.trim().parse().ok()))
+            else {
+                continue;
+            };
+            let address = (address.0.to_owned(), address.1);
+            let synced = field("state") == Some("online")
+                && field("lag")
+                    .and_then(|lag| lag.trim().parse::<u64>().ok())
+                    .is_some_and(|lag| lag <= 2);
+            if synced {
+                replicas.synced.push(address.clone());
+            }
+            replicas.listed.push(address);
+        }
+        replicas.in_sync = u32::try_from(replicas.synced.len()).unwrap_or(u32::MAX);
+        replicas
+    }
 }
 
 /// What the waiting command answered.
@@ -350,14 +425,23 @@ mod tests {
         assert!(sent.contains("WAITAOF\r\n$1\r\n1\r\n$1\r\n1\r\n$3\r\n250\r\n"));
     }
 
+    fn synced(ports: &[u16]) -> Replicas {
+        let listed: Vec<Address> = ports.iter().map(|p| ("127.0.0.1".to_owned(), *p)).collect();
+        Replicas {
+            in_sync: u32::try_from(ports.len()).unwrap(),
+            synced: listed.clone(),
+            listed,
+        }
+    }
+
     #[test]
     fn acknowledgements_are_counted() {
-        let one = Replicated::new(Replication::replicas(1), 5);
+        let one = Replicated::new(Replication::replicas(1), &synced(&[1, 2, 3, 4, 5]));
         let wait = |n| Acks::parse(&redis::Value::Int(n)).unwrap();
         assert!(one.check(&wait(0)).unwrap_err().is_not_replicated());
         assert!(one.check(&wait(1)).is_ok());
         assert!(one.check(&wait(2)).is_ok());
-        let aof = Replicated::new(Replication::replicas(1).append_only(true), 1);
+        let aof = Replicated::new(Replication::replicas(1).append_only(true), &synced(&[1]));
         let waitaof = |local, n| {
             Acks::parse(&redis::Value::Array(vec![
                 redis::Value::Int(local),
@@ -372,26 +456,32 @@ mod tests {
 
     #[test]
     fn all_follows_the_replicas_grows_freely_and_shrinks_only_when_told() {
-        let all = Replicated::new(Replication::all(), 2);
+        let all = Replicated::new(Replication::all(), &synced(&[1, 2]));
         assert_eq!(all.needed(), 2);
         // Not due yet; a short write is.
         assert!(!all.start_count(false));
         assert!(all.start_count(true));
         assert!(!all.start_count(true), "one count at a time");
-        all.counted(Some(1), false);
-        assert_eq!(all.needed(), 2, "a periodic count never shrinks it");
+        all.counted(Some(&synced(&[1])), false);
+        assert_eq!(all.needed(), 2, "a count that may not shrink never does");
+        assert_eq!(all.missing(&synced(&[1])), [("127.0.0.1".to_owned(), 2)]);
         assert!(all.start_count(true));
-        all.counted(Some(1), true);
+        all.counted(Some(&synced(&[1])), true);
         assert_eq!(all.needed(), 1);
+        assert!(
+            all.missing(&synced(&[1])).is_empty(),
+            "forgotten once it shrank"
+        );
         assert!(all.start_count(true));
-        all.counted(Some(0), true);
+        all.counted(Some(&synced(&[])), true);
         assert_eq!(all.needed(), 1, "never below one");
-        assert!(all.start_count(true));
-        all.counted(Some(3), false);
+        // A replica seen in sync counts at once.
+        all.saw(&synced(&[1, 2, 3]));
         assert_eq!(all.needed(), 3);
         // A fixed count never counts.
-        assert!(!Replicated::new(Replication::replicas(2), 5).start_count(true));
-        assert_eq!(Replicated::new(Replication::replicas(2), 5).needed(), 2);
+        let fixed = Replicated::new(Replication::replicas(2), &synced(&[1, 2, 3, 4, 5]));
+        assert!(!fixed.start_count(true));
+        assert_eq!(fixed.needed(), 2);
     }
 
     #[test]
@@ -402,8 +492,15 @@ mod tests {
             slave2:ip=127.0.0.1,port=7003,state=online,offset=90,lag=7\r\n\
             slave3:ip=127.0.0.1,port=7004,state=online,offset=100,lag=2\r\n\
             master_repl_offset:100\r\n";
-        assert_eq!(in_sync(info), 2);
-        assert_eq!(in_sync("role:master\r\nconnected_slaves:0\r\n"), 0);
+        let replicas = Replicas::parse(info);
+        assert_eq!(replicas.in_sync, 2);
+        let port = |r: &[Address]| r.iter().map(|a| a.1).collect::<Vec<_>>();
+        assert_eq!(port(&replicas.synced), [7001, 7004]);
+        assert_eq!(port(&replicas.listed), [7001, 7002, 7003, 7004]);
+        assert_eq!(
+            Replicas::parse("role:master\r\nconnected_slaves:0\r\n").in_sync,
+            0
+        );
     }
 
     #[test]

@@ -281,9 +281,21 @@ impl SentinelConnection {
     }
 
     /// Whether the primary is still the one the sentinels name, up, at the same epoch
-    /// (every sentinel that answers is asked); forgets it when they name another.
-    pub(crate) async fn confirm_primary(&self) -> bool {
-        self.follower.confirm().await
+    /// (every sentinel that answers is asked), and none of the replicas `missing` (that the
+    /// primary no longer has in sync) says it is a primary; forgets the primary when the
+    /// sentinels name another, or a missing replica was promoted.
+    pub(crate) async fn confirm_primary(&self, missing: Vec<crate::replication::Address>) -> bool {
+        if !self.follower.confirm().await {
+            return false;
+        }
+        for (host, port) in missing {
+            if self.follower.is_primary_at(&host, port).await {
+                tracing::info!(%host, port, "a replica the primary lost is a primary now");
+                self.follower.switched();
+                return false;
+            }
+        }
+        true
     }
 
     /// The configuration epoch of the current primary, if one is known.
@@ -473,6 +485,19 @@ impl Follower {
                     sighting.host, sighting.port
                 )))
             })
+    }
+
+    /// Whether the server at `host:port` answers that it is a primary (one that cannot be
+    /// reached in time is not).
+    async fn is_primary_at(&self, host: &str, port: u16) -> bool {
+        let sighting = Sighting {
+            host: host.to_owned(),
+            port,
+            epoch: 0,
+            down: false,
+            failing_over: false,
+        };
+        matches!(self.connect_primary(&sighting).await, Ok(Some(_)))
     }
 
     /// Forgets the primary: the next request looks it up again.

@@ -14,7 +14,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
 use crate::mode::{Mode, Modes};
-use crate::replication::{self, Acks, Replicated, Replication};
+use crate::replication::{Acks, Address, Replicas, Replicated, Replication};
 use crate::request::{Claim, Ticket, Try};
 use crate::scripts::{self, Lua};
 
@@ -86,8 +86,10 @@ pub(crate) struct Store<C> {
 /// Tells the configuration epoch of the primary a connection sends to now.
 pub(crate) type Epoch = Box<dyn Fn() -> Option<u64> + Send + Sync>;
 
-/// Asks whether the primary a connection sends to is still the one its deployment names.
-pub(crate) type Confirm = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+/// Asks whether the primary a connection sends to is still the one its deployment names,
+/// and none of the given replicas (it lists no more, or not in sync) is a primary now.
+pub(crate) type Confirm =
+    Arc<dyn Fn(Vec<Address>) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
 /// The highest epoch fencing tokens are led by: `<epoch><16 digits>` stays below 2^63, the
 /// largest value Redis can INCR.
@@ -187,10 +189,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     }
 
     /// Makes writes to this server count only once `replication` is met (see
-    /// `replication.rs`), on a primary with `in_sync` replicas in sync now: every later lock
-    /// write waits for its acknowledgements. Set once; false when it was set already.
-    pub(crate) fn replicate(&self, replication: Replication, in_sync: u32) -> bool {
-        let replicated = Arc::new(Replicated::new(replication, in_sync));
+    /// `replication.rs`), on a primary with `replicas` now: every later lock write waits
+    /// for its acknowledgements. Set once; false when it was set already.
+    pub(crate) fn replicate(&self, replication: Replication, replicas: &Replicas) -> bool {
+        let replicated = Arc::new(Replicated::new(replication, replicas));
         self.replicated.set(replicated).is_ok()
     }
 
@@ -250,15 +252,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         let (conn, cluster) = (self.conn.clone(), self.is_cluster());
         let confirm = self.confirm.get().cloned().filter(|_| short);
         let count = async move {
-            let confirmed = match confirm {
-                Some(confirm) => confirm().await,
-                None => true,
+            let now = replicas_now(conn, cluster).await.ok();
+            let confirmed = match (&confirm, &now) {
+                (Some(confirm), Some(now)) => confirm(replicated.missing(now)).await,
+                (None, _) => true,
+                (_, None) => false,
             };
-            let in_sync = match confirmed {
-                true => replicas_in_sync(conn, cluster).await.ok(),
-                false => None,
-            };
-            replicated.counted(in_sync, short && confirmed);
+            replicated.counted(now.as_ref(), short && confirmed);
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(count);
@@ -527,10 +527,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Ok(run_id.trim().to_owned())
     }
 
-    /// How many replicas the primary behind this connection has in sync (see
-    /// [`replication::in_sync`]); on a cluster, the fewest of any shard that serves slots.
-    pub(crate) async fn replicas_in_sync(&self) -> Result<u32> {
-        Ok(replicas_in_sync(self.conn.clone(), self.is_cluster()).await?)
+    /// The replicas the primary behind this connection has (see [`Replicas`]); on a
+    /// cluster, the fewest in sync of any shard that serves slots.
+    pub(crate) async fn replicas(&self) -> Result<Replicas> {
+        Ok(replicas_now(self.conn.clone(), self.is_cluster()).await?)
     }
 
     /// Whether the server knows `command` (`COMMAND INFO` answers nil for one it does not).
@@ -629,10 +629,28 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             return Ok((cmd.query_async(&mut conn).await?, None));
         };
         self.count_replicas_later(false);
-        let mut pipe = replicated.pipeline(cmd);
+        // With every replica in sync asked for, the replicas the primary has right after the
+        // wait come back too: one that caught up counts from the next write on. (A cluster
+        // counts its shards apart from writes.)
+        let look = replicated.settings().follows_replicas() && !self.is_cluster();
+        let mut pipe = replicated.pipeline(cmd, look);
         // The write's own error (WRONGTYPE, NOSCRIPT, ...) is reported as it would be alone.
         pipe.ignore_errors();
-        let (reply, acks): (Value, Value) = pipe.query_async(&mut conn).await?;
+        let mut replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        if look
+            && let Some(info) = replies
+                .get(2)
+                .and_then(|info| redis::from_redis_value_ref::<String>(info).ok())
+        {
+            replicated.saw(&Replicas::parse(&info));
+        }
+        let mut replies = replies.drain(..);
+        let (Some(reply), Some(acks)) = (replies.next(), replies.next()) else {
+            return Err(RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "replicated write: missing replies",
+            )));
+        };
         let reply = T::from_redis_value(reply.extract_error()?)?;
         // An error instead of a count: nothing is known to be acknowledged.
         let acks = Acks::parse(&acks).unwrap_or(Acks {
@@ -646,22 +664,22 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 /// A write's reply, and when writes are replicated, how many replicas acknowledged it.
 type Written<T> = (T, Option<Acks>);
 
-/// How many replicas the primary behind `conn` has in sync: from `INFO replication` (see
-/// [`replication::in_sync`]); on a cluster, the fewest healthy replicas of any shard that
-/// serves slots (`CLUSTER NODES`).
-async fn replicas_in_sync<C: ConnectionLike>(mut conn: C, cluster: bool) -> RedisResult<u32> {
+/// The replicas the primary behind `conn` has: from `INFO replication` (see
+/// [`Replicas::parse`]); on a cluster, the fewest healthy replicas of any shard that serves
+/// slots (`CLUSTER NODES`).
+async fn replicas_now<C: ConnectionLike>(mut conn: C, cluster: bool) -> RedisResult<Replicas> {
     if cluster {
         let nodes: String = redis::cmd("CLUSTER")
             .arg("NODES")
             .query_async(&mut conn)
             .await?;
-        return Ok(fewest_replicas_per_shard(&nodes));
+        return Ok(Replicas::counted(fewest_replicas_per_shard(&nodes)));
     }
     let info: String = redis::cmd("INFO")
         .arg("replication")
         .query_async(&mut conn)
         .await?;
-    Ok(replication::in_sync(&info))
+    Ok(Replicas::parse(&info))
 }
 
 /// How a script goes to the server.
