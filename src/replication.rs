@@ -24,10 +24,12 @@
 //! partition the old primary goes on taking writes for a while, which only the replicas that
 //! were not promoted acknowledge: only every replica keeps every lock. With `all`, the count
 //! follows the deployment, so that losing a replica or the primary does not stop every lock
-//! for good: it is counted again (replicas online whose last acknowledgement is at most 2 s
-//! old, at least one) every few seconds, where it may only grow, and after a write fell short,
-//! where it may shrink, but only once the sentinels confirm that the primary is still theirs
-//! at the same epoch (a promotion under way also makes the old primary's replicas fewer).
+//! for good: the replicas online whose last acknowledgement is at most 2 s old (at least
+//! one) are counted with every write (`INFO replication` rides in its request, after the
+//! `WAIT`; on a cluster every 5 s), where the count may only grow, and after a write fell
+//! short, where it may shrink, but only once the sentinels confirm that the primary is still
+//! theirs at the same epoch and none of the replicas it lost says it is a primary (a
+//! promotion under way also makes the old primary's replicas fewer).
 //!
 //! `WAIT` is not consensus: a replica that did not acknowledge can still be promoted (when
 //! the ones that did are down too), and then the lock is lost as without it.
@@ -90,11 +92,13 @@ impl Replication {
     /// Sentinel client.
     ///
     /// The count follows the deployment: replicas that are online and acknowledged within
-    /// the last 2 s, counted when the client is made, again every 5 s (then it only grows),
-    /// and after a write too few acknowledged (then it may shrink, once the sentinels confirm
-    /// that the primary is still the one they name, at the same epoch: a promotion under way
-    /// takes a replica from the old primary too). So a replica that died stops locks for a
-    /// few seconds, not for good, and after a failover the new primary's replicas count.
+    /// the last 2 s, counted when the client is made and with every write (then it only
+    /// grows: a replica that caught up counts at once), and after a write too few
+    /// acknowledged (then it may shrink, once the sentinels confirm that the primary is still
+    /// the one they name, at the same epoch, and no replica it lost says it is a primary: a
+    /// promotion under way takes a replica from the old primary too). So a replica that died
+    /// stops locks for a few seconds, not for good, and after a failover the new primary's
+    /// replicas count. Each replicated write then also reads `INFO replication`.
     #[must_use]
     pub fn all() -> Self {
         Self {
