@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::error::Result;
 use crate::lock::Lock;
+use crate::meter::Lost;
 
 /// A [`Lock`] that is released when dropped, optionally kept alive by a watchdog.
 ///
@@ -182,7 +183,7 @@ where
         let valid_until = lock.valid_until();
         if valid_until <= Instant::now() {
             // Released (no warning then), or lost: the signal has fired.
-            lock.found_lost("its validity ran out before the watchdog could refresh it");
+            lock.found_lost(Lost::Expired);
             return;
         }
         // A refresh still unanswered when the validity runs out cannot help any more.
@@ -199,7 +200,7 @@ where
                 next = Instant::now() + retry_after;
             }
             Err(_) => {
-                lock.found_lost("its validity ran out while the watchdog's refresh was unanswered");
+                lock.found_lost(Lost::Expired);
                 return;
             }
         }

@@ -71,6 +71,8 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `cluster` | `Client::cluster` over redis-rs's `cluster_async::ClusterConnection` (enables `redis/cluster-async`), the cross-slot check, `slot_number` |
+//! | `metrics` | counters, histograms and a gauge through the [`metrics`](https://docs.rs/metrics) facade, and `Options::metrics_label` (README: "Metrics") |
+//! | `blocking` | `lockset::blocking`: the same operations for synchronous code, on a runtime of their own |
 
 // No panics and no printing in the library itself; tests, examples and test support may.
 #![warn(
@@ -91,6 +93,7 @@ mod fencing;
 mod guard;
 mod key;
 mod lock;
+mod meter;
 mod mode;
 mod observe;
 mod options;
