@@ -651,15 +651,12 @@ where
         F: FnOnce(LostSignal) -> Fut,
         Fut: Future<Output = T>,
     {
-        let lock = self.obtain_multi(keys, ttl, options).await?;
-        let guard = match options.watchdog_interval {
-            Some(every) => lock.keep_alive_every(every),
-            None => lock.keep_alive(),
-        };
+        let guard = self
+            .obtain_multi(keys, ttl, options)
+            .await?
+            .watched(options);
         let output = work(guard.lost_signal()).await;
-        if let Err(err) = guard.release().await {
-            tracing::warn!(%err, "release after with_lock's work failed");
-        }
+        crate::guard::released_after_work(guard.release().await);
         Ok(output)
     }
 

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::error::Result;
 use crate::lock::Lock;
 use crate::meter::Lost;
+use crate::options::Options;
 
 /// A [`Lock`] that is released when dropped, optionally kept alive by a watchdog.
 ///
@@ -162,6 +163,29 @@ where
             .min(self.obtained_ttl() / 2)
             .max(Duration::from_millis(1));
         Guard::new(self, Some(interval))
+    }
+}
+
+impl<C> Lock<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Turns the lock into a [`Guard`] whose watchdog refreshes it as `options` say
+    /// ([`Options::watchdog_interval`], else every third of its TTL): what
+    /// [`Client::with_lock`](crate::Client::with_lock) holds its lock with.
+    pub(crate) fn watched(self, options: &Options) -> Guard<C> {
+        match options.watchdog_interval {
+            Some(every) => self.keep_alive_every(every),
+            None => self.keep_alive(),
+        }
+    }
+}
+
+/// Logs a release after `with_lock`'s work that failed: by then the work is done, and the
+/// lost signal told it if the lock was lost meanwhile.
+pub(crate) fn released_after_work(released: Result<()>) {
+    if let Err(err) = released {
+        tracing::warn!(%err, "release after with_lock's work failed");
     }
 }
 

@@ -84,6 +84,8 @@
 )]
 
 mod backend;
+#[cfg(feature = "blocking")]
+pub mod blocking;
 mod client;
 mod distinct;
 mod error;
