@@ -114,6 +114,7 @@ mod stragglers;
 mod tasks;
 mod validate;
 mod value;
+mod waiters;
 
 pub use client::Client;
 pub use error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
@@ -133,6 +134,7 @@ pub use slots::slot_number;
 pub use slots::{fencing_key_for, release_channel};
 pub use validate::{MAX_KEYS, MAX_TTL};
 pub use value::parse_value;
+pub use waiters::{QueuedWaiter, read_queue};
 
 /// The redis-rs version this crate is built with, so your connections match.
 pub use redis;

@@ -45,6 +45,7 @@ impl Tasks {
     }
 
     /// Spawns every task on `runtime` from now on (set once).
+    #[cfg_attr(not(feature = "blocking"), allow(dead_code))]
     pub(crate) fn run_on(&self, runtime: Handle) {
         let _ = self.0.runtime.set(runtime);
     }
