@@ -34,6 +34,11 @@
 //! `SET key value NX PX ttl` and release with a compare-and-delete script; W3 obtains with a
 //! script doing MSETNX plus one PEXPIRE per key, and releases with MGET, compare, DEL.
 //!
+//! With the `metrics` feature and `BENCH_RECORDER=1`, a metrics recorder (metrics-util's
+//! debugging recorder: atomic counters and histogram buckets, as exporters keep them) is
+//! installed before the first lock operation, so lockset records every figure:
+//! `BENCH_RECORDER=1 cargo run --release --example bench --features metrics`.
+//!
 //! Every result carries the server commands per operation, from `INFO commandstats` (script
 //! calls and the commands they run both count): the work each lock costs the server; and
 //! the requests per operation, counted as each client sends them (a script call is one),
@@ -796,8 +801,24 @@ async fn replicated_primary() -> (redis::Client, [server::RedisServer; 2]) {
     (client, [primary, replica])
 }
 
+/// Installs a metrics recorder when `BENCH_RECORDER` is set (feature `metrics`).
+fn install_recorder() {
+    if std::env::var("BENCH_RECORDER").is_err() {
+        return;
+    }
+    #[cfg(feature = "metrics")]
+    {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        recorder.install().expect("the only recorder");
+        eprintln!("bench: metrics recorder installed");
+    }
+    #[cfg(not(feature = "metrics"))]
+    panic!("BENCH_RECORDER needs --features metrics");
+}
+
 #[tokio::main]
 async fn main() {
+    install_recorder();
     let (url, _server) = server::url_or_start();
     let client = redis::Client::open(url.as_str()).expect("url");
     let workloads = workloads();

@@ -18,7 +18,7 @@ use crate::fair::{Fair, Stint};
 use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
 use crate::mode::{self, Mode, Modes};
-use crate::observe::{finished, op_span};
+use crate::observe::{Op, Progress, finished, op_span};
 use crate::options::Options;
 use crate::options::default_waiter_lease;
 use crate::policy::{self, Held, Limit, Step, Waiter, Watch};
@@ -600,6 +600,10 @@ where
             fence: None,
             valid_until: sent.checked_add(valid_for).unwrap_or(sent),
             stragglers: None,
+            meter: options
+                .meter
+                .clone()
+                .unwrap_or_else(|| self.inner.meter.clone()),
         };
         Ok(Lock::new(self.inner.clone(), obtained))
     }
@@ -647,15 +651,12 @@ where
         F: FnOnce(LostSignal) -> Fut,
         Fut: Future<Output = T>,
     {
-        let lock = self.obtain_multi(keys, ttl, options).await?;
-        let guard = match options.watchdog_interval {
-            Some(every) => lock.keep_alive_every(every),
-            None => lock.keep_alive(),
-        };
+        let guard = self
+            .obtain_multi(keys, ttl, options)
+            .await?
+            .watched(options);
         let output = work(guard.lost_signal()).await;
-        if let Err(err) = guard.release().await {
-            tracing::warn!(%err, "release after with_lock's work failed");
-        }
+        crate::guard::released_after_work(guard.release().await);
         Ok(output)
     }
 
@@ -668,13 +669,19 @@ where
     ) -> Result<Lock<C>> {
         let start = Instant::now();
         let span = op_span!("lockset.obtain", &keys);
-        let mut watch = Watch::new(&keys, options.on_retry.as_ref());
-        let obtained = self
-            .try_obtain(&keys, modes, ttl, options, start, &mut watch)
-            .instrument(span.clone())
-            .await;
-        finished(&span, watch.attempts, start, &obtained);
-        let (won, modes) = obtained?;
+        let meter = options.meter.as_ref().unwrap_or(&self.inner.meter);
+        let (won, modes) = {
+            // Counted among the waiters (when it waits) until it ends.
+            let mut watch = Watch::new(&keys, options.on_retry.as_ref());
+            watch.progress = Progress::of(meter);
+            let obtained = self
+                .try_obtain(&keys, modes, ttl, options, start, &mut watch)
+                .instrument(span.clone())
+                .await;
+            let op = Op::Obtain(meter, &watch.progress);
+            finished(&span, op, watch.attempts, start, &obtained);
+            obtained?
+        };
         let obtained = Obtained {
             keys,
             modes,
@@ -684,6 +691,7 @@ where
             fence: won.fence,
             valid_until: won.valid_until,
             stragglers: won.stragglers,
+            meter: meter.clone(),
         };
         Ok(Lock::new(self.inner.clone(), obtained))
     }

@@ -46,6 +46,15 @@ pub enum Error {
         key: String,
     },
 
+    /// A call of the blocking API ([`blocking`](crate::blocking), feature `blocking`) from
+    /// inside an async runtime (a task, `block_on`, or a `spawn_blocking` thread), where it
+    /// would block the runtime's thread or panic: use the async [`Client`](crate::Client)
+    /// there. Nothing was sent.
+    #[error(
+        "the blocking API was called from inside an async runtime: use the async Client there (nothing was sent)"
+    )]
+    InsideAsyncRuntime,
+
     /// The input was rejected before anything was sent to Redis.
     #[error(transparent)]
     InvalidInput(#[from] InvalidInput),
@@ -303,6 +312,12 @@ impl Error {
     /// lose it. [`Error::is_unavailable`] is true as well.
     pub fn is_not_replicated(&self) -> bool {
         matches!(self, Self::NotReplicated { .. })
+    }
+
+    /// True when a call of the blocking API came from inside an async runtime
+    /// ([`Error::InsideAsyncRuntime`]).
+    pub fn is_inside_async_runtime(&self) -> bool {
+        matches!(self, Self::InsideAsyncRuntime)
     }
 }
 

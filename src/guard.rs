@@ -12,6 +12,8 @@ use tokio::time::Instant;
 
 use crate::error::Result;
 use crate::lock::Lock;
+use crate::meter::Lost;
+use crate::options::Options;
 
 /// A [`Lock`] that is released when dropped, optionally kept alive by a watchdog.
 ///
@@ -164,6 +166,29 @@ where
     }
 }
 
+impl<C> Lock<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Turns the lock into a [`Guard`] whose watchdog refreshes it as `options` say
+    /// ([`Options::watchdog_interval`], else every third of its TTL): what
+    /// [`Client::with_lock`](crate::Client::with_lock) holds its lock with.
+    pub(crate) fn watched(self, options: &Options) -> Guard<C> {
+        match options.watchdog_interval {
+            Some(every) => self.keep_alive_every(every),
+            None => self.keep_alive(),
+        }
+    }
+}
+
+/// Logs a release after `with_lock`'s work that failed: by then the work is done, and the
+/// lost signal told it if the lock was lost meanwhile.
+pub(crate) fn released_after_work(released: Result<()>) {
+    if let Err(err) = released {
+        tracing::warn!(%err, "release after with_lock's work failed");
+    }
+}
+
 /// The watchdog: refreshes `lock` every `every` until stopped, lost, or out of validity.
 async fn keep_alive<C>(lock: Arc<Lock<C>>, every: Duration, mut stop: oneshot::Receiver<()>)
 where
@@ -182,7 +207,7 @@ where
         let valid_until = lock.valid_until();
         if valid_until <= Instant::now() {
             // Released (no warning then), or lost: the signal has fired.
-            lock.found_lost("its validity ran out before the watchdog could refresh it");
+            lock.found_lost(Lost::Expired);
             return;
         }
         // A refresh still unanswered when the validity runs out cannot help any more.
@@ -199,7 +224,7 @@ where
                 next = Instant::now() + retry_after;
             }
             Err(_) => {
-                lock.found_lost("its validity ran out while the watchdog's refresh was unanswered");
+                lock.found_lost(Lost::Expired);
                 return;
             }
         }

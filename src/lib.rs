@@ -71,6 +71,8 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `cluster` | `Client::cluster` over redis-rs's `cluster_async::ClusterConnection` (enables `redis/cluster-async`), the cross-slot check, `slot_number` |
+//! | `metrics` | counters, histograms and a gauge through the [`metrics`](https://docs.rs/metrics) facade, and `Options::metrics_label` (README: "Metrics") |
+//! | `blocking` | `lockset::blocking`: the same operations for synchronous code, on a runtime of their own |
 
 // No panics and no printing in the library itself; tests, examples and test support may.
 #![warn(
@@ -82,6 +84,8 @@
 )]
 
 mod backend;
+#[cfg(feature = "blocking")]
+pub mod blocking;
 mod client;
 mod distinct;
 mod error;
@@ -91,6 +95,7 @@ mod fencing;
 mod guard;
 mod key;
 mod lock;
+mod meter;
 mod mode;
 mod observe;
 mod options;
@@ -109,6 +114,7 @@ mod stragglers;
 mod tasks;
 mod validate;
 mod value;
+mod waiters;
 
 pub use client::Client;
 pub use error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
@@ -128,6 +134,7 @@ pub use slots::slot_number;
 pub use slots::{fencing_key_for, release_channel};
 pub use validate::{MAX_KEYS, MAX_TTL};
 pub use value::parse_value;
+pub use waiters::{QueuedWaiter, read_queue};
 
 /// The redis-rs version this crate is built with, so your connections match.
 pub use redis;

@@ -13,8 +13,9 @@ use tracing::Instrument as _;
 
 use crate::error::{Error, Result};
 use crate::events::{after_queueing, release_payload};
+use crate::meter::{self, Holding, Meter};
 use crate::mode::{Mode, Modes};
-use crate::observe::{finished, op_span};
+use crate::observe::{self, Op, finished, op_span};
 use crate::options::Options;
 use crate::policy::{self, Step, Waiter, Watch};
 use crate::request::{Claim, Ttl};
@@ -45,6 +46,8 @@ pub struct Lock<C> {
     /// Redlock: the lock's writes still under way on slow masters after an obtain or
     /// refresh was decided, kept clear of its release and TTL queries.
     stragglers: Option<Arc<Stragglers>>,
+    /// The lock family its metrics go to, and since when it is held.
+    holding: Holding,
 }
 
 /// Until when the lock is known to be valid.
@@ -132,6 +135,8 @@ pub(crate) struct Obtained {
     pub(crate) valid_until: Instant,
     /// A quorum's writes of the lock still under way (`None`: none, or one server).
     pub(crate) stragglers: Option<Arc<Stragglers>>,
+    /// The lock family its metrics go to.
+    pub(crate) meter: Meter,
 }
 
 impl<C> Lock<C>
@@ -159,6 +164,7 @@ where
                 signal: None,
             }),
             stragglers,
+            holding: Holding::new(obtained.meter),
         }
     }
 
@@ -286,7 +292,7 @@ where
         let sent = Instant::now();
         let span = op_span!("lockset.ttl", &self.keys);
         let left = self.ttl_once(sent).instrument(span.clone()).await;
-        finished(&span, 1, sent, &left);
+        finished(&span, Op::Ttl, 1, sent, &left);
         left
     }
 
@@ -295,7 +301,7 @@ where
         let claim = self.claim(&value, self.ttl);
         let stragglers = self.stragglers.as_ref();
         let Some(left) = self.shared.backend().pttl(&claim, stragglers).await? else {
-            self.found_lost("a TTL query found its keys gone or taken over");
+            self.found_lost(meter::Lost::Ttl);
             return Ok(None);
         };
         if left != Duration::MAX {
@@ -305,7 +311,7 @@ where
         }
         let remaining = self.valid_until().saturating_duration_since(Instant::now());
         if remaining.is_zero() {
-            self.found_lost("its validity ran out");
+            self.found_lost(meter::Lost::Expired);
             return Ok(None);
         }
         Ok(Some(left.min(remaining)))
@@ -345,7 +351,8 @@ where
         )
         .instrument(span.clone())
         .await;
-        finished(&span, watch.attempts, start, &refreshed);
+        let op = Op::Refresh(self.holding.meter());
+        finished(&span, op, watch.attempts, start, &refreshed);
         refreshed
     }
 
@@ -356,11 +363,15 @@ where
         let until = self.valid_for(sent, ttl.duration);
         let seq = {
             let mut validity = self.validity();
-            if validity.until <= sent {
-                validity.lost();
-                return Ok(false);
+            if validity.until > sent {
+                Some(validity.sending(until))
+            } else {
+                None
             }
-            validity.sending(until)
+        };
+        let Some(seq) = seq else {
+            self.found_lost(meter::Lost::Expired);
+            return Ok(false);
         };
         let new = metadata.filter(|new| *new != *self.stored_metadata());
         let value = match new {
@@ -380,7 +391,7 @@ where
                     *self.stored_metadata() = new.to_owned();
                 }
             }
-            Ok(false) => self.found_lost("a refresh found its keys gone or taken over"),
+            Ok(false) => self.found_lost(meter::Lost::Refresh),
             // It may have run (on some masters): the cap taken when sending stays.
             Err(_) => {}
         }
@@ -401,13 +412,27 @@ where
         let start = Instant::now();
         let span = op_span!("lockset.release", &self.keys);
         let released = self.release_once(start).instrument(span.clone()).await;
-        finished(&span, 1, start, &released);
+        finished(
+            &span,
+            Op::Release(self.holding.meter()),
+            1,
+            start,
+            &released,
+        );
         released
     }
 
     /// Releases once; `start`: when the release was called (it is over from then on).
     async fn release_once(&self, start: Instant) -> Result<()> {
-        self.validity().lost_at(start);
+        let held = {
+            let mut validity = self.validity();
+            let held = !validity.lost;
+            validity.lost_at(start);
+            held
+        };
+        if held {
+            observe::ended(&self.holding);
+        }
         let value = self.value();
         let claim = self.claim(&value, self.ttl);
         let events = self.shared.events();
@@ -468,9 +493,10 @@ where
             .refresh_once(self.ttl, None)
             .instrument(span.clone())
             .await;
+        let op = || Op::Refresh(self.holding.meter());
         match &refreshed {
-            Ok(false) => finished(&span, 1, start, &Err::<(), _>(Error::NotObtained)),
-            done => finished(&span, 1, start, done),
+            Ok(false) => finished(&span, op(), 1, start, &Err::<(), _>(Error::NotObtained)),
+            done => finished(&span, op(), 1, start, done),
         }
         refreshed
     }
@@ -484,8 +510,9 @@ where
         &self.shared
     }
 
-    /// Marks the lock lost, with a warning the first time it is found lost.
-    pub(crate) fn found_lost(&self, why: &str) {
+    /// Marks the lock lost, with a warning (and its metrics) the first time it is found
+    /// lost.
+    pub(crate) fn found_lost(&self, cause: meter::Lost) {
         let first = {
             let mut validity = self.validity();
             let first = !validity.lost;
@@ -493,7 +520,7 @@ where
             first
         };
         if first {
-            tracing::warn!(keys = self.keys.len(), key = %self.key(), "lock lost: {why}");
+            observe::lost(&self.keys, &self.holding, cause);
         }
     }
 }

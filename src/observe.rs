@@ -1,18 +1,25 @@
-//! Watching locks: the retry callback's event, and the names of what `tracing` records.
+//! Watching locks: the retry callback's event, the names of what `tracing` records, and
+//! where every operation's metrics are recorded (see `meter.rs` for their names).
 //!
 //! Every operation runs in a span at debug level: `lockset.obtain`, `lockset.refresh`,
 //! `lockset.release` and `lockset.ttl`, with the fields `keys` (how many), `key` (the first),
 //! `attempts`, `waited_ms` (from the call to its result) and `outcome`. Tokens are never
 //! recorded. Each retry is a debug event (`lockset::retry`); a lock found lost and a failed
 //! watchdog refresh are warnings.
+//!
+//! Every operation ends in [`finished`], which closes its span's fields and records its
+//! metrics in one go; a lock found lost goes through [`lost`], and the end of a holding
+//! through [`ended`]. Nothing else records a figure.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::Span;
 
 use crate::error::Error;
+use crate::meter::{self, End, Holding, Meter, Waiting};
 
 /// What an obtain (or refresh) attempt ran into, before it is retried.
 #[derive(Debug)]
@@ -104,19 +111,112 @@ macro_rules! op_span {
 }
 pub(crate) use op_span;
 
-/// Records an operation's attempts, its time from the call, and how it ended.
+/// Which operation ended, with what its metrics need.
+pub(crate) enum Op<'a> {
+    /// An obtain, of the lock family `meter`, and what its waiting saw.
+    Obtain(&'a Meter, &'a Progress<'a>),
+    /// A refresh (by hand, or the watchdog's) of a lock of the family `meter`.
+    Refresh(&'a Meter),
+    /// A release of a lock of the family `meter`.
+    Release(&'a Meter),
+    /// A TTL query (no metrics).
+    Ttl,
+}
+
+/// An operation ended: records its attempts, its time from the call and how it ended in its
+/// span, and its metrics.
 pub(crate) fn finished<T>(
     span: &Span,
+    op: Op<'_>,
     attempts: u32,
-    started: tokio::time::Instant,
+    started: Instant,
     result: &Result<T, Error>,
 ) {
+    let waited = started.elapsed();
+    match op {
+        Op::Obtain(meter, progress) => {
+            meter.obtained(obtain_end(result), waited, attempts);
+            if let (Ok(_), Some(woken)) = (result, progress.woken_at) {
+                meter.handed_over(woken.elapsed());
+            }
+        }
+        Op::Refresh(meter) => meter.refreshed(match result {
+            Ok(_) => meter::RefreshEnd::Refreshed,
+            Err(Error::NotObtained) => meter::RefreshEnd::Lost,
+            Err(_) => meter::RefreshEnd::Error,
+        }),
+        Op::Release(meter) => meter.released(match result {
+            Ok(_) => meter::ReleaseEnd::Released,
+            Err(err) if err.is_not_held() => meter::ReleaseEnd::NotHeld,
+            Err(_) => meter::ReleaseEnd::Error,
+        }),
+        Op::Ttl => {}
+    }
     if span.is_disabled() {
         return;
     }
     span.record("attempts", attempts);
-    span.record("waited_ms", millis(started.elapsed()));
+    span.record("waited_ms", millis(waited));
     span.record("outcome", outcome(result));
+}
+
+/// How an obtain ended, for its metrics.
+fn obtain_end<T>(result: &Result<T, Error>) -> meter::ObtainEnd {
+    match result {
+        Ok(_) => meter::ObtainEnd::Obtained,
+        Err(Error::DeadlineExceeded) => meter::ObtainEnd::Deadline,
+        Err(err) if err.is_not_obtained() => meter::ObtainEnd::NotObtained,
+        Err(_) => meter::ObtainEnd::Error,
+    }
+}
+
+/// What an obtain's waiting saw, as it goes: whether it waits (the `lockset_waiters` gauge
+/// counts it until this is dropped) and when a release event last woke it.
+#[derive(Default)]
+pub(crate) struct Progress<'a> {
+    waiting: Waiting<'a>,
+    /// When the last wait ended with a release event (or a hand-off notice); `None` when it
+    /// ended otherwise, or none did.
+    woken_at: Option<Instant>,
+}
+
+impl<'a> Progress<'a> {
+    /// The progress of an obtain of the lock family `meter`.
+    pub(crate) fn of(meter: &'a Meter) -> Self {
+        Self {
+            waiting: Waiting::of(meter),
+            woken_at: None,
+        }
+    }
+
+    /// The obtain is about to wait.
+    pub(crate) fn waits(&mut self) {
+        self.waiting.waits();
+    }
+
+    /// A wait ended: `by_release` when a release event (or hand-off notice) ended it.
+    pub(crate) fn woke(&mut self, by_release: bool) {
+        self.woken_at = by_release.then(Instant::now);
+    }
+}
+
+/// A lock of `keys` was found lost (for the first time): a warning saying `why`, and its
+/// metrics (the loss, and the holding's end).
+pub(crate) fn lost(keys: &[String], holding: &Holding, cause: meter::Lost) {
+    let why = match cause {
+        meter::Lost::Refresh => "a refresh found its keys gone or taken over",
+        meter::Lost::Ttl => "a TTL query found its keys gone or taken over",
+        meter::Lost::Expired => "its validity ran out before a refresh renewed it",
+    };
+    let key = keys.first().map_or("", String::as_str);
+    tracing::warn!(keys = keys.len(), key = %key, "lock lost: {why}");
+    holding.meter().lost(cause);
+    holding.ended(End::Lost);
+}
+
+/// A holding ended by a release (called once, when the release starts).
+pub(crate) fn ended(holding: &Holding) {
+    holding.ended(End::Released);
 }
 
 /// A short name for how an operation ended.

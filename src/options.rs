@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::fencing::Fencing;
+use crate::meter::Meter;
 use crate::observe::{OnRetry, RetryEvent};
 use crate::retry::Retry;
 
@@ -44,6 +45,8 @@ pub struct Options {
     /// Waiters take the lock as it comes free, past any queue (`fair(false)`).
     pub(crate) barging: bool,
     pub(crate) waiter_lease: Option<Duration>,
+    /// The lock family metrics go to, when named (`metrics_label`).
+    pub(crate) meter: Option<Meter>,
     limit: Option<Limit>,
 }
 
@@ -210,6 +213,25 @@ impl Options {
         self
     }
 
+    /// Names the lock family this call's metrics go to (feature `metrics`): every figure of
+    /// the obtain, and of the lock it returns (its refreshes, release, loss and hold time),
+    /// carries the label `lock="<name>"`. Without it, they carry no such label.
+    ///
+    /// Name families, never single locks: each name is a series of its own in every metric
+    /// (keep their number small, like a handful of job kinds), and a key or a token must
+    /// never go here. Metrics of a family are registered with the recorder at its first
+    /// figure: make one `Options` per family and reuse it.
+    ///
+    /// ```
+    /// let options = lockset::Options::default().metrics_label("nightly-report");
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[must_use]
+    pub fn metrics_label(mut self, name: impl Into<String>) -> Self {
+        self.meter = Some(Meter::labelled(name.into()));
+        self
+    }
+
     /// The metadata an obtain stores: empty unless set.
     pub(crate) fn metadata_to_store(&self) -> &str {
         self.metadata.as_deref().unwrap_or_default()
@@ -237,6 +259,7 @@ impl fmt::Debug for Options {
             .field("on_retry", &self.on_retry)
             .field("fair", &!self.barging)
             .field("waiter_lease", &self.waiter_lease)
+            .field("metrics_label", &self.meter.as_ref().and_then(Meter::label))
             .field("limit", &self.limit)
             .finish()
     }

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::events::{Events, Subscription};
 use crate::fair::Fair;
 use crate::mode::{Mode, Modes};
-use crate::observe::{Blocked, OnRetry, RetryEvent, retrying};
+use crate::observe::{Blocked, OnRetry, Progress, RetryEvent, retrying};
 use crate::request::Try;
 use crate::retry::{Retry, RetryStrategy as _};
 use crate::slots::release_channel;
@@ -395,6 +395,7 @@ where
         });
         watch.retrying(&failure, held, delay);
         woken = waiter.wait(until).await;
+        watch.progress.woke(woken);
         if !woken && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             return Err(at_deadline(failure));
         }
@@ -408,6 +409,8 @@ pub(crate) struct Watch<'a> {
     on_retry: Option<&'a OnRetry>,
     /// The attempts made so far.
     pub(crate) attempts: u32,
+    /// What the waiting saw, for the operation's metrics.
+    pub(crate) progress: Progress<'a>,
 }
 
 impl<'a> Watch<'a> {
@@ -417,10 +420,12 @@ impl<'a> Watch<'a> {
             keys,
             on_retry,
             attempts: 0,
+            progress: Progress::default(),
         }
     }
 
-    fn retrying(&self, failure: &Error, held: Option<Held>, delay: Duration) {
+    fn retrying(&mut self, failure: &Error, held: Option<Held>, delay: Duration) {
+        self.progress.waits();
         let blocked = match held {
             Some(held) => Blocked::Held {
                 key: self.keys.get(held.key).map_or("", String::as_str),

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::Backend;
 use crate::events::Events;
+use crate::meter::Meter;
 use crate::tasks::Tasks;
 
 /// The state behind a [`Client`](crate::Client), shared by its clones and its locks.
@@ -23,6 +24,8 @@ pub(crate) struct Shared<C> {
     pub(crate) announce: AtomicBool,
     /// The server's address, when known (to refuse one server twice in a quorum).
     pub(crate) address: OnceLock<String>,
+    /// Where the metrics of locks without a family of their own go.
+    pub(crate) meter: Meter,
 }
 
 impl<C> Shared<C> {
@@ -35,6 +38,7 @@ impl<C> Shared<C> {
             listen: AtomicBool::new(true),
             announce: AtomicBool::new(true),
             address: OnceLock::new(),
+            meter: Meter::default(),
         }
     }
 

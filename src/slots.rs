@@ -35,6 +35,12 @@ pub(crate) fn has_queue(key: &str) -> bool {
     keeps_tag(key).is_some()
 }
 
+/// The name of `key`'s waiter queue, as `lua/queue.lua` derives it; `None` for a key without
+/// a queue (see [`has_queue`]).
+pub(crate) fn queue_of(key: &str) -> Option<String> {
+    derived(key, ":lockset:queue")
+}
+
 /// How a name derived from `key` stays in `key`'s slot: `Some(true)` by keeping `key`'s own
 /// hash tag, `Some(false)` by making `key` the tag; `None` when neither can (no tag, and a
 /// `}` that would end one).

@@ -3,9 +3,10 @@
 //! silently outlive its purpose, and so that a program can wait for them before it exits.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
+use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -18,6 +19,9 @@ struct Count {
     running: AtomicUsize,
     /// Notified whenever the count drops to zero.
     idle: Notify,
+    /// The runtime every task goes to, when the client has one of its own (the blocking
+    /// API's): also from a thread outside any runtime, such as a guard dropped there.
+    runtime: OnceLock<Handle>,
 }
 
 impl Tasks {
@@ -40,12 +44,22 @@ impl Tasks {
         }
     }
 
-    /// Spawns `task` on the current tokio runtime, or returns `None` outside one.
+    /// Spawns every task on `runtime` from now on (set once).
+    #[cfg_attr(not(feature = "blocking"), allow(dead_code))]
+    pub(crate) fn run_on(&self, runtime: Handle) {
+        let _ = self.0.runtime.set(runtime);
+    }
+
+    /// Spawns `task` on the client's own runtime, if it has one, else on the current tokio
+    /// runtime; returns `None` outside one.
     pub(crate) fn spawn<F>(&self, task: F) -> Option<JoinHandle<()>>
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let runtime = match self.0.runtime.get() {
+            Some(runtime) => runtime.clone(),
+            None => Handle::try_current().ok()?,
+        };
         self.0.running.fetch_add(1, Ordering::SeqCst);
         // Counted down when the task ends, however it ends (done, panicked or aborted).
         let running = Running(self.0.clone());

@@ -205,10 +205,15 @@ pub(crate) enum Command {
     #[command(
         long_about = "Show whether each KEY is free or held: the holder's metadata and \
             remaining TTL, never its token. Exits 0 whatever the keys' state.\n\n\
+            Below each key, the waiters queued for it (fair waiting), first come first: each \
+            with its metadata, how long it has waited and what is left of its lease; on a \
+            Redlock quorum, per master. Reading only: nothing is written, no queue joined.\n\n\
             With --json, prints one JSON object: {\"keys\": [{\"key\", \"state\" (\"free\", \
             \"held\" or \"foreign\" for a value lockset did not write, \"wrong_type\"), \
-            \"metadata\", \"ttl_ms\" (null without expiry), \"held_on\", \"nodes\"}]}; \
-            held_on counts the Redlock masters holding the key (1 of 1 otherwise).",
+            \"metadata\", \"ttl_ms\" (null without expiry), \"held_on\", \"nodes\", \
+            \"waiters\": [{\"metadata\", \"waited_ms\", \"lease_ms\" (null: gone, about to be \
+            dropped), \"keys\", \"node\"}]}]}; held_on counts the Redlock masters holding the \
+            key (1 of 1 otherwise), node is the master a waiter queues on (0 otherwise).",
         after_help = AFTER_HELP
     )]
     #[command(override_usage = "lockset status [OPTIONS] <KEY>...")]
@@ -329,6 +334,19 @@ pub(crate) struct StatusArgs {
     /// Print one JSON object instead of a line per key.
     #[arg(long)]
     pub(crate) json: bool,
+
+    /// Show the status again every INTERVAL (--watch=2s; default 1s) until interrupted: redrawn on a
+    /// terminal, else a line log (each round's lines after a time stamp; with --json, a
+    /// JSON object per line).
+    #[arg(
+        long,
+        value_name = "INTERVAL",
+        num_args = 0..=1,
+        default_missing_value = "1s",
+        value_parser = duration::positive,
+        require_equals = true
+    )]
+    pub(crate) watch: Option<Duration>,
 
     /// The keys to look at.
     #[arg(value_name = "KEY", required = true)]

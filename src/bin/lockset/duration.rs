@@ -12,6 +12,15 @@ pub(crate) fn non_negative(text: &str) -> Result<Duration, String> {
         .map_err(|err| format!("{err} (write a number with a unit: 500ms, 30s, 5m)"))
 }
 
+/// A duration above zero: how often `status --watch` redraws.
+pub(crate) fn positive(text: &str) -> Result<Duration, String> {
+    let every = non_negative(text)?;
+    if every.is_zero() {
+        return Err("the interval must be above zero".to_owned());
+    }
+    Ok(every)
+}
+
 /// A lock's time to live: at least a millisecond, at most the library's limit.
 pub(crate) fn ttl(text: &str) -> Result<Duration, String> {
     let ttl = non_negative(text)?;

@@ -134,7 +134,17 @@ fn check(command: &Command, target: validate::Target) -> Result<(), String> {
         }
         Command::Refresh(args) => validate::keys(&args.keys, target, Use::Lock),
         Command::Release(args) => validate::keys(&args.keys, target, Use::Lock),
-        Command::Status(args) => validate::keys(&args.keys, target, Use::Look),
+        Command::Status(args) => {
+            // `--watch 2s KEY` would look at a key named "2s".
+            if let (Some(_), Some(first)) = (args.watch, args.keys.first())
+                && duration::positive(first).is_ok()
+            {
+                return Err(format!(
+                    "{first:?} reads as an interval, not a key: write --watch={first}"
+                ));
+            }
+            validate::keys(&args.keys, target, Use::Look)
+        }
     }
 }
 
