@@ -1,7 +1,8 @@
 //! A small TCP fault proxy on loopback, between a client and a redis-server started by the
 //! tests: it can add latency, stall, reset every connection (a real RST, `SO_LINGER` 0), cut
-//! one reply in the middle, or lose one reply whole after the server ran the command. It
-//! counts what it did, and tests wait on those counts instead of sleeping.
+//! one reply in the middle, lose one reply whole after the server ran the command, or hold
+//! back the requests that mention a given text (a SUBSCRIBE to one channel) until told to
+//! let them go. It counts what it did, and tests wait on those counts instead of sleeping.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,6 +24,11 @@ struct Faults {
     cut_next_reply: AtomicBool,
     /// Forward none of the next reply chunk (the server ran the command), then reset.
     lose_next_reply: AtomicBool,
+    /// Request chunks containing this text wait (with everything behind them on their
+    /// connection) until it is cleared.
+    hold: std::sync::Mutex<Option<Vec<u8>>>,
+    /// Request chunks held back so far.
+    held: AtomicU64,
     /// Request chunks read from clients (also while stalled).
     requests: AtomicU64,
     /// Replies cut or lost.
@@ -34,6 +40,13 @@ struct Faults {
 }
 
 impl Faults {
+    /// Whether `chunk` is to be held back now.
+    fn holds(&self, chunk: &[u8]) -> bool {
+        let hold = self.hold.lock().expect("hold");
+        hold.as_ref()
+            .is_some_and(|text| chunk.windows(text.len()).any(|w| w == text.as_slice()))
+    }
+
     fn count(&self, counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
@@ -114,6 +127,22 @@ impl Proxy {
     /// client's connection: the client cannot know whether the command ran.
     pub fn lose_next_reply(&self) {
         self.faults.lose_next_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// Holds back every request chunk that contains `text` (and what follows it on its
+    /// connection) until [`Proxy::release_held`]; counted in [`Proxy::held`].
+    pub fn hold_requests_containing(&self, text: &str) {
+        *self.faults.hold.lock().expect("hold") = Some(text.as_bytes().to_vec());
+    }
+
+    /// Lets held requests go, and holds no more.
+    pub fn release_held(&self) {
+        *self.faults.hold.lock().expect("hold") = None;
+    }
+
+    /// Request chunks held back so far.
+    pub fn held(&self) -> u64 {
+        self.faults.held.load(Ordering::SeqCst)
     }
 
     /// Request chunks read from clients so far (also those held back by a stall).
@@ -200,6 +229,12 @@ async fn pump(
         }
         if !replies {
             faults.count(&faults.requests);
+            if faults.holds(&buffer[..n]) {
+                faults.count(&faults.held);
+                while faults.holds(&buffer[..n]) {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
         }
         let latency = faults.latency_us.load(Ordering::SeqCst);
         if latency > 0 {

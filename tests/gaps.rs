@@ -1,0 +1,203 @@
+//! Waiting without gaps: every notice a waiter can be sent reaches it, or one more attempt
+//! closes the gap. A waiter's channel changes when its blocking key changes, when its
+//! subscription lapses (a reconnect, a replaced connection) and on its first attempt; each
+//! case is driven here through a fault proxy on the waiter's events connection that holds
+//! back the SUBSCRIBE of one channel, so that a release lands exactly in the window. Every
+//! waiter polls every 15 s, so only a notice, or an attempt the gap calls for, gets it the
+//! lock within the bounds checked.
+
+mod support;
+
+use std::time::Duration;
+
+use lockset::redis::aio::ConnectionManager;
+use lockset::{Client, Lock, Options, Retry};
+use support::proxy::Proxy;
+use support::{Env, RedisServer, eventually, ms};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout};
+
+/// A release must reach its waiter within this: far beyond a notice's way (a millisecond
+/// or two, plus the proxy's latency), far below a poll (15 s) or a lease renewal (5 s).
+const WITHIN: Duration = Duration::from_millis(500);
+
+type Waiter = JoinHandle<Result<Lock<ConnectionManager>, lockset::Error>>;
+
+fn slow_polling() -> Options {
+    Options::default()
+        .retry(Retry::linear(Duration::from_secs(15)))
+        .timeout(Duration::from_secs(60))
+}
+
+/// A client whose lock commands go straight to `server`, and whose release events go
+/// through `events_url` (a proxy).
+async fn client_with_events_via(
+    server: &RedisServer,
+    events_url: &str,
+) -> Client<ConnectionManager> {
+    let direct = lockset::redis::Client::open(server.url()).unwrap();
+    let conn = ConnectionManager::new(direct).await.unwrap();
+    let events = lockset::redis::Client::open(events_url).unwrap();
+    Client::new(conn).with_release_events(events).unwrap()
+}
+
+/// The name of `key`'s waiter queue.
+fn queue_of(key: &str) -> String {
+    match key.find('{') {
+        Some(_) => format!("{key}:lockset:queue"),
+        None => format!("{{{key}}}:lockset:queue"),
+    }
+}
+
+/// Waits until the proxy held back `n` request chunks in all.
+async fn held_back(proxy: &Proxy, n: u64, what: &str) {
+    timeout(ms(10_000), proxy.wait_for(Proxy::held, n))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: never held back"));
+}
+
+/// The lock `waiter` obtains within `within` of `since`.
+async fn obtained_within(waiter: Waiter, since: Instant, within: Duration, what: &str) {
+    let lock = timeout(ms(30_000), waiter)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not obtained in 30 s"))
+        .unwrap()
+        .unwrap_or_else(|err| panic!("{what}: {err}"));
+    let took = since.elapsed();
+    assert!(
+        took < within,
+        "{what}: obtained only {took:?} after the release"
+    );
+    lock.release().await.unwrap();
+}
+
+/// The scenario. `{k}:a` is held by H1, `{k}:b` by H2; W waits for both. W's first
+/// attempt is blocked on a; while W's subscription to a is on its way, H1 releases a; W's
+/// recheck finds b held (queueing on both keys, when fair) and W turns to b's channel; H2
+/// releases b before W's SUBSCRIBE to b reaches the server. Returns the waiter, when b was
+/// released, and the proxy (dropping it cuts W's events connection).
+async fn blocking_key_changes_while_subscribing(
+    env: &Env,
+    options: Options,
+    latency: Duration,
+) -> (Waiter, Instant, Proxy) {
+    let proxy = Proxy::start(env.server.port()).await;
+    proxy.set_latency(latency);
+    let client = client_with_events_via(&env.server, &proxy.url()).await;
+    let holders = env.other_client().await;
+    let a = holders
+        .obtain("{k}:a", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let b = holders
+        .obtain("{k}:b", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    proxy.hold_requests_containing("{k}:a");
+    let waiter: Waiter = tokio::spawn(async move {
+        client
+            .obtain_multi(["{k}:a", "{k}:b"], ms(60_000), &options)
+            .await
+    });
+    // W subscribes to a (held back): a is released meanwhile, announcing nothing.
+    held_back(&proxy, 1, "W's SUBSCRIBE to a").await;
+    a.release().await.unwrap();
+    proxy.hold_requests_containing("{k}:b");
+    // Its recheck finds b held; W subscribes to b (held back), and b is released now.
+    held_back(&proxy, 2, "W's SUBSCRIBE to b").await;
+    let released = Instant::now();
+    b.release().await.unwrap();
+    proxy.release_held();
+    (waiter, released, proxy)
+}
+
+/// A fair waiter is handed both keys by b's release: its notice must reach it (it took
+/// 5 s, the waiter's lease renewal, published on b's channel where nobody listened yet).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_whose_blocking_key_changes_hears_its_hand_off() {
+    let env = Env::start().await;
+    let (waiter, released, _proxy) =
+        blocking_key_changes_while_subscribing(&env, slow_polling(), ms(5)).await;
+    assert_eq!(
+        env.cmd::<i64>(&["ZCARD", &queue_of("{k}:b")]).await,
+        0,
+        "b's release handed the keys on"
+    );
+    obtained_within(waiter, released, WITHIN, "fair waiter").await;
+}
+
+/// The same with a short deadline: the waiter that was handed the keys must not fail with
+/// "held by another owner" (itself).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_handed_its_keys_does_not_miss_its_deadline() {
+    let env = Env::start().await;
+    let options = slow_polling().timeout(ms(3_000));
+    let (waiter, released, _proxy) =
+        blocking_key_changes_while_subscribing(&env, options, ms(5)).await;
+    obtained_within(waiter, released, WITHIN, "fair waiter with a 3 s deadline").await;
+}
+
+/// The same with 300 ms of latency on the events connection: the notice takes that long,
+/// and no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_hears_its_hand_off_through_a_slow_events_connection() {
+    let env = Env::start().await;
+    let (waiter, released, _proxy) =
+        blocking_key_changes_while_subscribing(&env, slow_polling(), ms(300)).await;
+    obtained_within(
+        waiter,
+        released,
+        WITHIN + ms(1_200),
+        "fair waiter, 300 ms latency",
+    )
+    .await;
+}
+
+/// A waiter that does not queue (barging) marked b's holder with its recheck: b's
+/// announcement came before its subscription, and no attempt followed (it slept its 15 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barging_waiter_whose_blocking_key_changes_hears_the_release() {
+    let env = Env::start().await;
+    let options = slow_polling().fair(false);
+    let (waiter, released, _proxy) =
+        blocking_key_changes_while_subscribing(&env, options, ms(5)).await;
+    obtained_within(waiter, released, WITHIN, "barging waiter").await;
+}
+
+/// A queued waiter whose events connection drops: a hand-off made while it was down is
+/// taken once the subscription is back (the waiter is woken then, and attempts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_made_while_the_events_connection_is_down_is_taken_when_it_is_back() {
+    let env = Env::start().await;
+    let proxy = Proxy::start(env.server.port()).await;
+    let client = client_with_events_via(&env.server, &proxy.url()).await;
+    let holder = env.other_client().await;
+    let held = holder
+        .obtain("{r}:a", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter: Waiter = tokio::spawn({
+        let client = client.clone();
+        async move { client.obtain("{r}:a", ms(60_000), &slow_polling()).await }
+    });
+    eventually(ms(10_000), "the waiter queued", async || {
+        env.cmd::<i64>(&["ZCARD", &queue_of("{r}:a")]).await == 1
+    })
+    .await;
+    // The events connection breaks, and its SUBSCRIBE cannot get through again yet.
+    proxy.hold_requests_containing("{r}:a");
+    proxy.drop_connections();
+    held.release().await.unwrap();
+    // Handed on while nobody listened.
+    assert_eq!(env.cmd::<i64>(&["ZCARD", &queue_of("{r}:a")]).await, 0);
+    held_back(&proxy, 1, "the waiter's SUBSCRIBE after the drop").await;
+    let back = Instant::now();
+    proxy.release_held();
+    obtained_within(
+        waiter,
+        back,
+        WITHIN,
+        "waiter after its events connection came back",
+    )
+    .await;
+}
