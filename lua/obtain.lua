@@ -15,7 +15,7 @@
 -- ARGV[7]  for a fair waiter: this attempt's turn (1, 2, ... within one id). The waiter's
 --          record keeps the turn that last queued or renewed it, and a hand-off names it:
 --          that attempt was sent before the hand-off, which is where the new holder's
---          validity starts (see src/fair.rs)
+--          validity starts (see src/waiting/fair.rs)
 --
 -- Reply: {1, fence}     every key is ours, with the new token as a decimal string (false
 --                      without fencing)

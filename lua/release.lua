@@ -73,7 +73,7 @@ end
 -- the keys no longer than that. LISTEN: the key on whose release channel it listens, where
 -- it is told "g<id>:<turn>:<ms>": the keys are its own for <ms> from this moment, which
 -- came after it sent attempt <turn> (the last to queue or renew it), so they are its own
--- for <ms> from when it sent that attempt at least (see src/fair.rs). A record written
+-- for <ms> from when it sent that attempt at least (see src/waiting/fair.rs). A record written
 -- before records kept turns has none: turn 0, which no attempt has (the waiter then makes
 -- the keys its own by an attempt). KEY, the key being released, was marked (somebody waits
 -- for it, queued or not): it stays marked, so that its next release tells them too; the

@@ -13,15 +13,12 @@ use tracing::Instrument as _;
 
 use crate::backend::Backend;
 use crate::error::{Error, InvalidInput, Result, is_outcome_unknown};
-use crate::events::Events;
-use crate::fair::{Fair, Stint};
 use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
 use crate::mode::{self, Mode, Modes};
 use crate::observe::{finished, op_span};
 use crate::options::Options;
 use crate::options::default_waiter_lease;
-use crate::policy::{self, Held, Limit, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig};
 use crate::replication::Replication;
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
@@ -34,6 +31,9 @@ use crate::stragglers::Stragglers;
 use crate::tasks::Tasks;
 use crate::validate;
 use crate::value::Owner;
+use crate::waiting::events::Events;
+use crate::waiting::fair::{Fair, Stint};
+use crate::waiting::policy::{self, Held, Limit, Step, Waiter, Watch};
 
 /// Obtains locks: on one Redis server ([`Client::new`], [`Client::connect`]), on a Redis
 /// Cluster (`Client::cluster`, feature `cluster`), or on a Redlock quorum of independent

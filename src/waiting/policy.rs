@@ -10,13 +10,13 @@ use redis::{RedisError, RetryMethod};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::events::{Events, Subscription};
-use crate::fair::Fair;
 use crate::mode::{Mode, Modes};
 use crate::observe::{Blocked, OnRetry, RetryEvent, retrying};
 use crate::request::Try;
 use crate::retry::{Retry, RetryStrategy as _};
 use crate::slots::release_channel;
+use crate::waiting::events::{Events, Subscription};
+use crate::waiting::fair::Fair;
 
 /// What one attempt concluded.
 pub(crate) enum Step<T> {
