@@ -16,6 +16,9 @@
 --          record keeps the turn that last queued or renewed it, and a hand-off names it:
 --          that attempt was sent before the hand-off, which is where the new holder's
 --          validity starts (see src/waiting/fair.rs)
+-- ARGV[8]  for a fair waiter: the index of the key on whose release channel it hears its
+--          hand-off (its subscription was live when this attempt was sent); absent: the
+--          key that blocks this attempt
 --
 -- Reply: {1, fence}     every key is ours, with the new token as a decimal string (false
 --                      without fencing)
@@ -39,7 +42,7 @@ if ARGV[3] and ARGV[3] ~= '0' and ARGV[3] ~= '' then
   count = count - 1
   epoch = tonumber(ARGV[3]) - 1
 end
-local lease, id, turn = ARGV[5], ARGV[6], ARGV[7]
+local lease, id, turn, listen = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local fair = lease ~= nil and lease ~= ''
 
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
@@ -136,14 +139,15 @@ end
 
 -- A fair waiter blocked by KEYS[blocked]: queues on every key, or renews its lease (the
 -- record's expiry), keeping its place. Its record names every key, also a single one (two
--- keys' queues may share a name: "job" and "{job}").
+-- keys' queues may share a name: "job" and "{job}"), and the channel it listens on.
 local function queue_up(blocked)
   local keys = lock_keys()
+  local l = tonumber(listen) or blocked
   -- A first turn has no record yet; a later one renews it, unless it lapsed.
   if turn == '1' or redis.call('PEXPIRE', member, lease) == 0 then
     -- One HSET with the first chunk of keys, one more per further chunk (unpack() has a
     -- limit).
-    local fields = {'v', value, 't', ttl, 'i', id, 'n', count, 'l', blocked, 's', turn}
+    local fields = {'v', value, 't', ttl, 'i', id, 'n', count, 'l', l, 's', turn}
     for first = 1, count, CHUNK do
       for j = first, math.min(first + CHUNK - 1, count) do
         fields[#fields + 1] = j
@@ -154,7 +158,7 @@ local function queue_up(blocked)
     end
     redis.call('PEXPIRE', member, lease)
   else
-    redis.call('HSET', member, 'l', blocked, 's', turn)
+    redis.call('HSET', member, 'l', l, 's', turn)
   end
   local now = redis.call('TIME')
   local arrival = tonumber(now[1]) * 1000000 + tonumber(now[2])

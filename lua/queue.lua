@@ -8,7 +8,8 @@
 -- a hash named queue_of(first key) .. ':' .. id, in the slot of every key of its lock:
 --   v  the value the waiter stores when it gets the lock     t  its TTL in milliseconds
 --   i  the waiter's id                                      n  how many keys it waits for
---   l  the index of the key whose release channel it listens on
+--   l  the index of the key on whose release channel it hears its hand-off: one it was
+--      subscribed to when the attempt that wrote it was sent (src/waiting/waiter.rs)
 --   1..n  its keys
 -- The record's own expiry is the waiter's lease: a waiter that stops renewing it (crashed,
 -- cut off) is dead once it expires, and is skipped and dropped from the queues.

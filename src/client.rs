@@ -822,7 +822,7 @@ where
         if let Some(won) = self.take_handed(stint.as_ref()) {
             return Step::Done(won);
         }
-        let ticket = stint.as_ref().map(|stint| stint.sending());
+        let ticket = stint.as_ref().map(|stint| stint.sending(how.listen));
         let owner = match (self.custom, &stint) {
             (Some(owner), _) => Cow::Borrowed(owner),
             (None, Some(stint)) => Cow::Borrowed(&stint.owner),

@@ -340,7 +340,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             (
                 self.fence_arg(claim),
                 u8::from(mark_holder),
-                queue.map(|ticket| (ticket.lease.millis, ticket.id.as_str(), ticket.turn)),
+                queue.map(|ticket| {
+                    let listen = ticket.listen + 1;
+                    (ticket.lease.millis, ticket.id.as_str(), ticket.turn, listen)
+                }),
             )
         });
         let args = (claim.value, claim.ttl.millis, rest);

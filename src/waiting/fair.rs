@@ -45,8 +45,9 @@ impl Stint {
         })
     }
 
-    /// The ticket of an attempt sent now: the next turn, whose send time is remembered.
-    pub(crate) fn sending(&self) -> Ticket {
+    /// The ticket of an attempt sent now, which names `listen`'s channel for the hand-off:
+    /// the next turn, whose send time is remembered.
+    pub(crate) fn sending(&self, listen: usize) -> Ticket {
         let mut sent = lock(&self.sent);
         let turn = sent.back().map_or(1, |(turn, _)| turn + 1);
         if sent.len() == REMEMBERED_TURNS {
@@ -57,6 +58,7 @@ impl Stint {
             id: self.id.clone(),
             lease: self.lease,
             turn,
+            listen,
         }
     }
 

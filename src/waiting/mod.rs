@@ -9,3 +9,4 @@
 pub(crate) mod events;
 pub(crate) mod fair;
 pub(crate) mod policy;
+pub(crate) mod waiter;
