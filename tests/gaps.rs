@@ -201,3 +201,140 @@ async fn a_hand_off_made_while_the_events_connection_is_down_is_taken_when_it_is
     )
     .await;
 }
+
+/// How long the randomized run lasts.
+const RANDOMIZED_FOR: Duration = Duration::from_secs(6);
+/// Latency on every events connection of the randomized run (each way).
+const EVENTS_LATENCY: Duration = Duration::from_millis(10);
+
+/// Waiters for random overlapping sets of 2 to 4 of 24 keys, in 4 clients whose events
+/// connections have latency, take turns for a few seconds (fair, polling every 15 s). A
+/// watcher reads every key every millisecond and notes when each obtain's value (told apart
+/// by its metadata) first holds a key; no obtain may return later than one round trip of
+/// the events connection, plus a bound for a loaded machine, after that: a hand-off's
+/// notice reaches its waiter, or an attempt closes the gap. (Before the fix, hand-offs
+/// notified where nobody listened waited for a lease renewal: seconds.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_waiter_holds_its_keys_longer_than_a_round_trip_before_its_obtain_returns() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use rand::{RngExt as _, SeedableRng as _};
+
+    const KEYS: usize = 24;
+    let seed: u64 = std::env::var("GAPS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("GAPS_SEED={seed}");
+    let env = Env::start().await;
+    env.load_scripts().await;
+    let keys: Arc<Vec<String>> = Arc::new((0..KEYS).map(|i| format!("{{g}}:{i}")).collect());
+    let mut proxies = Vec::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    // metadata -> when its obtain returned
+    let returned: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let obtains = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..4u64 {
+        let proxy = Proxy::start(env.server.port()).await;
+        proxy.set_latency(EVENTS_LATENCY);
+        let client = client_with_events_via(&env.server, &proxy.url()).await;
+        proxies.push(proxy);
+        for t in 0..2u64 {
+            let (client, keys, stop, returned, obtains) = (
+                client.clone(),
+                keys.clone(),
+                stop.clone(),
+                returned.clone(),
+                obtains.clone(),
+            );
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (c * 2 + t + 1));
+            tasks.push(tokio::spawn(async move {
+                let mut round = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    round += 1;
+                    let want = rng.random_range(2..=4);
+                    let mut set: Vec<String> = Vec::new();
+                    while set.len() < want {
+                        let key = &keys[rng.random_range(0..KEYS)];
+                        if !set.contains(key) {
+                            set.push(key.clone());
+                        }
+                    }
+                    let meta = format!("|{c}.{t}.{round}|");
+                    let options = slow_polling().metadata(meta.clone());
+                    let lock = client
+                        .obtain_multi(&set, ms(5_000), &options)
+                        .await
+                        .unwrap_or_else(|err| panic!("{meta} {set:?}: {err}"));
+                    returned.lock().unwrap().insert(meta, Instant::now());
+                    obtains.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(ms(rng.random_range(0..4))).await;
+                    lock.release().await.unwrap();
+                }
+            }));
+        }
+    }
+    // The watcher: when each obtain's value first held a key.
+    let first_held: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watcher = tokio::spawn({
+        let (mut raw, keys, stop, first_held) = (
+            env.raw.clone(),
+            keys.clone(),
+            stop.clone(),
+            first_held.clone(),
+        );
+        async move {
+            while !stop.load(Ordering::SeqCst) {
+                let values: Vec<Option<String>> = lockset::redis::cmd("MGET")
+                    .arg(keys.as_slice())
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                let seen = Instant::now();
+                {
+                    let mut first = first_held.lock().unwrap();
+                    for value in values.into_iter().flatten() {
+                        if let Some(meta) = value.find('|').map(|at| &value[at..]) {
+                            first.entry(meta.to_owned()).or_insert(seen);
+                        }
+                    }
+                }
+                tokio::time::sleep(ms(1)).await;
+            }
+        }
+    });
+    tokio::time::sleep(RANDOMIZED_FOR).await;
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        timeout(ms(30_000), task)
+            .await
+            .expect("a waiter still waits 30 s after the run")
+            .unwrap();
+    }
+    watcher.await.unwrap();
+    let bound = EVENTS_LATENCY * 2 + ms(150);
+    let (returned, first_held) = (returned.lock().unwrap(), first_held.lock().unwrap());
+    let mut worst = Duration::ZERO;
+    for (meta, returned) in returned.iter() {
+        let Some(held) = first_held.get(meta) else {
+            continue;
+        };
+        let gap = returned.saturating_duration_since(*held);
+        worst = worst.max(gap);
+        assert!(
+            gap <= bound,
+            "{meta}: its keys were its own {gap:?} before its obtain returned (seed {seed})"
+        );
+    }
+    let obtains = obtains.load(Ordering::SeqCst);
+    println!(
+        "{obtains} obtains; the longest a waiter's keys were its own before it knew: {worst:?}"
+    );
+    assert!(
+        obtains >= 100,
+        "only {obtains} obtains in {RANDOMIZED_FOR:?}"
+    );
+}
