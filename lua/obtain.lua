@@ -137,49 +137,13 @@ local function failed(err, key)
   return err
 end
 
--- A fair waiter blocked by KEYS[blocked]: queues on every key, or renews its lease (the
--- record's expiry), keeping its place. Its record names every key, also a single one (two
--- keys' queues may share a name: "job" and "{job}"), and the channel it listens on.
-local function queue_up(blocked)
-  local keys = lock_keys()
-  local l = tonumber(listen) or blocked
-  -- A first turn has no record yet; a later one renews it, unless it lapsed.
-  if turn == '1' or redis.call('PEXPIRE', member, lease) == 0 then
-    -- One HSET with the first chunk of keys, one more per further chunk (unpack() has a
-    -- limit).
-    local fields = {'v', value, 't', ttl, 'i', id, 'n', count, 'l', l, 's', turn}
-    for first = 1, count, CHUNK do
-      for j = first, math.min(first + CHUNK - 1, count) do
-        fields[#fields + 1] = j
-        fields[#fields + 1] = keys[j]
-      end
-      redis.call('HSET', member, unpack(fields))
-      fields = {}
-    end
-    redis.call('PEXPIRE', member, lease)
-  else
-    redis.call('HSET', member, 'l', l, 's', turn)
-  end
-  local now = redis.call('TIME')
-  local arrival = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  for j = 1, count do
-    local queue = queue_of(keys[j])
-    redis.call('ZADD', queue, 'NX', arrival, member)
-    -- A queue whose waiters all died goes with them; never sooner than another waiter's
-    -- longer lease asked for.
-    if redis.call('PTTL', queue) < 3 * lease then
-      redis.call('PEXPIRE', queue, 3 * lease)
-    end
-  end
-end
-
 local function held_by_another(i, current)
   undo()
   if mark_holder and ours_to_mark(current) then
     redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
   end
   if fair then
-    queue_up(i)
+    queue_up(member, lock_keys(), value, ttl, lease, id, turn, listen, i, nil)
     return {0, redis.call('PTTL', KEYS[i]), i, 1}
   end
   return {0, redis.call('PTTL', KEYS[i]), i}

@@ -684,7 +684,7 @@ where
         if self.inner.cluster {
             crate::slots::check_one_slot(keys, counter.as_deref())?;
         }
-        let fair = self.fair(keys, custom.is_none() && modes.is_none(), ttl, options)?;
+        let fair = self.fair(keys, custom.is_none(), ttl, options)?;
         let attempt = Attempt {
             client: self,
             keys,
@@ -717,9 +717,9 @@ where
     }
 
     /// The fair-waiting state of an obtain of `keys`, when it waits fairly (see
-    /// [`Options::fair`]): `plain` (a random token, every key exclusive), a strategy that
-    /// waits at all, release events
-    /// to hear its hand-off, one server or a cluster, and a queue for every key.
+    /// [`Options::fair`]): `plain` (a random token; keys in any mode), a strategy that
+    /// waits at all, release events to hear its hand-off, one server or a cluster, and a
+    /// queue for every key.
     fn fair(
         &self,
         keys: &[String],

@@ -126,8 +126,9 @@ pub(crate) struct Try {
     /// Learn the holder's remaining TTL, if the lock is held, also where that costs a
     /// second round trip (the script-free single-key path).
     pub(crate) holder_ttl: bool,
-    /// The caller tries again if the lock is held: an exclusive obtain blocked by shared or
-    /// permit holders then keeps new ones out until it tries again (writers first).
+    /// The caller tries again if the lock is held and does not queue: an exclusive obtain
+    /// blocked by shared or permit holders then keeps new ones out until it tries again
+    /// (writers first; a fair waiter's place in the queue does that).
     pub(crate) retries: bool,
     /// Queue for the lock (or renew the place in its queues) if it is held: a fair waiter
     /// that listens for its hand-off. Needs the claim's ticket.

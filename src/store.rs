@@ -254,11 +254,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         modes: &Modes,
         how: Try,
     ) -> Result<Written<Obtain>> {
+        // A fair waiter queues with its keys' modes (see `lua/queue.lua`).
+        let queue = claim.ticket.filter(|_| how.queue);
         let rest = (
             claim.ttl.millis,
             self.fence_arg(claim),
-            u8::from(how.mark_holder),
+            u8::from(how.mark_holder || queue.is_some()),
             u8::from(how.retries),
+            queue.map(queue_args),
         );
         let args = mode_args("obtain", modes, claim, rest);
         let (reply, acks) = self
@@ -340,10 +343,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             (
                 self.fence_arg(claim),
                 u8::from(mark_holder),
-                queue.map(|ticket| {
-                    let listen = ticket.listen + 1;
-                    (ticket.lease.millis, ticket.id.as_str(), ticket.turn, listen)
-                }),
+                queue.map(queue_args),
             )
         });
         let args = (claim.value, claim.ttl.millis, rest);
@@ -436,7 +436,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         let leaving = claim.ticket.map_or("", |ticket| ticket.id.as_str());
         let done: i64 = match claim.modes {
             Some(modes) => {
-                let args = mode_args("release", modes, claim, (announce, payload));
+                let rest = (announce, payload, self.announce, leaving);
+                let args = mode_args("release", modes, claim, rest);
                 self.send(&scripts::MODES, claim.keys, None, args, sending, false)
                     .await?
                     .0
@@ -603,6 +604,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         });
         Ok((reply, Some(acks)))
     }
+}
+
+/// A fair waiter's queue arguments, as `obtain.lua` and `modes.lua` take them: its lease,
+/// id, turn, and the key it hears its hand-off on (Lua counts from 1).
+fn queue_args(ticket: &Ticket) -> (u64, &str, u64, usize) {
+    let listen = ticket.listen + 1;
+    (ticket.lease.millis, ticket.id.as_str(), ticket.turn, listen)
 }
 
 /// A write's reply, and when writes are replicated, how many replicas acknowledged it.

@@ -91,7 +91,8 @@ where
             mark_holder: waiter.marking(),
             // Nothing but the holder's expiry can wake a waiter that cannot listen.
             holder_ttl: waiter.events.is_empty(),
-            retries: backoff.peek().is_some(),
+            // A fair waiter's place in the queues keeps readers out instead of a mark.
+            retries: backoff.peek().is_some() && !waiter.is_fair(),
             queue: waiter.queueing(),
             listen: waiter.listen_key(),
         };

@@ -167,6 +167,11 @@ impl<'a> Waiter<'a> {
         self.named.unwrap_or(0)
     }
 
+    /// Whether this obtain waits fairly (queues for its keys).
+    pub(crate) fn is_fair(&self) -> bool {
+        self.fair.is_some()
+    }
+
     /// Whether the next attempt should mark the holder so that its release announces
     /// itself: only while this waiter listens for that announcement.
     pub(crate) fn marking(&self) -> bool {
