@@ -22,6 +22,8 @@
 -- ARGV[8]  obtain: "1" when the caller will try again if blocked (a writer that does not
 --          queue marks the key, below); release: the id of a fair waiter that gives up (else
 --          empty or absent): it leaves the queues of KEYS, and releases what it was handed
+-- ARGV[9]  release: "1" when the waiter of ARGV[8] only leaves its queues (a caller's own
+--          token), nothing else changes
 -- ARGV[9..12]  obtain, for a fair waiter: its lease in ms, its id, this attempt's turn and
 --          the index of the key on whose channel it hears its hand-off, as ARGV[5..8] of
 --          obtain.lua. A fair waiter that finds a key held queues on every key in its mode
@@ -296,6 +298,9 @@ local function release()
   -- A fair waiter that gives up leaves its queues (and releases what it was handed).
   if leaving and leaving ~= '' and queue_of(KEYS[1]) then
     dequeue(record_of(keys, leaving), keys)
+  end
+  if ARGV[9] == '1' then
+    return 1
   end
   local failed, states = check_all(0, 2, false)
   if failed then

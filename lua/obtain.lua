@@ -202,24 +202,20 @@ end
 
 -- Keys already ours: new value (keeping a waiter's mark), never a shorter TTL.
 local wanted = tonumber(ttl)
+-- A fair waiter's keys that a release handed it (for no longer than its TTL) get the full
+-- TTL this way: an attempt after the notice (one that did not take the hand-off as it was
+-- told) extends them; a caller's own token may also hold some key as an outer lock.
 for j = 1, #mine do
   local i, current = mine[j][1], mine[j][2]
-  if fair then
-    -- Handed to this waiter, with its own value for no longer than its TTL (the token is
-    -- this obtain's own): an attempt after the notice (one that did not take the hand-off
-    -- as it was told) extends it to the full TTL.
-    redis.call('PEXPIRE', KEYS[i], ttl)
+  local stored = value
+  if string.byte(current, 1) == 33 then
+    stored = '!' .. value
+  end
+  local left = redis.call('PTTL', KEYS[i])
+  if left >= 0 and left < wanted then
+    redis.call('SET', KEYS[i], stored, 'PX', ttl)
   else
-    local stored = value
-    if string.byte(current, 1) == 33 then
-      stored = '!' .. value
-    end
-    local left = redis.call('PTTL', KEYS[i])
-    if left >= 0 and left < wanted then
-      redis.call('SET', KEYS[i], stored, 'PX', ttl)
-    else
-      redis.call('SET', KEYS[i], stored, 'KEEPTTL')
-    end
+    redis.call('SET', KEYS[i], stored, 'KEEPTTL')
   end
 end
 return won(fence)

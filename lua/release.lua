@@ -9,6 +9,8 @@
 -- ARGV[4]  the id of a fair waiter that gives up (else empty): it leaves the queues of KEYS,
 --          and releases the lock if it was handed it
 -- ARGV[5]  "PUBLISH" or "SPUBLISH": how a waiter is told that it was handed the lock
+-- ARGV[6]  "1" when the waiter of ARGV[4] only leaves its queues (a caller's own token:
+--          its keys may be an outer lock's), nothing else changes; else "0" or absent
 --
 -- Only ARGV[1] is required: the rest default to PUBLISH, an empty payload, no waiter leaving
 -- and PUBLISH, the common case, which so costs the server one argument. (Five arguments cost
@@ -77,6 +79,9 @@ end
 -- A fair waiter that gives up leaves its queues.
 if leaving and queue_of(KEYS[1]) then
   dequeue(record_of(KEYS, leaving), KEYS)
+end
+if ARGV[6] == '1' then
+  return 1
 end
 
 local announce, payload = ARGV[2] or 'PUBLISH', ARGV[3] or ''

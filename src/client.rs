@@ -684,7 +684,7 @@ where
         if self.inner.cluster {
             crate::slots::check_one_slot(keys, counter.as_deref())?;
         }
-        let fair = self.fair(keys, custom.is_none(), ttl, options)?;
+        let fair = self.fair(keys, custom.as_ref(), ttl, options)?;
         let attempt = Attempt {
             client: self,
             keys,
@@ -716,21 +716,20 @@ where
         Ok((won?, modes))
     }
 
-    /// The fair-waiting state of an obtain of `keys`, when it waits fairly (see
-    /// [`Options::fair`]): `plain` (a random token; keys in any mode), a strategy that
-    /// waits at all, release events to hear its hand-off, one server or a cluster, and a
-    /// queue for every key.
+    /// The fair-waiting state of an obtain of `keys` (by the caller's token `custom`, if
+    /// any), when it waits fairly (see [`Options::fair`]): a strategy that waits at all,
+    /// release events to hear its hand-off, one server or a cluster, and a queue for every
+    /// key.
     fn fair(
         &self,
         keys: &[String],
-        plain: bool,
+        custom: Option<&Owner>,
         ttl: Ttl,
         options: &Options,
     ) -> Result<Option<Fair>> {
         // A lease given is checked also where it does not apply.
         let given = options.waiter_lease.map(Ttl::new).transpose()?;
-        let fair = plain
-            && !options.barging
+        let fair = !options.barging
             && !matches!(options.retry, Retry::NoRetry)
             && !self.backend().is_quorum()
             && !self.events().is_empty()
@@ -742,7 +741,7 @@ where
             Some(lease) => lease,
             None => Ttl::new(default_waiter_lease(ttl.duration))?,
         };
-        Ok(Some(Fair::new(lease)))
+        Ok(Some(Fair::new(lease, custom.cloned())))
     }
 
     /// The fencing counter key, when `options` ask for fencing tokens.
@@ -839,8 +838,9 @@ where
             ticket: ticket.as_ref(),
         };
         let random = self.custom.is_none();
+        // A custom token's keys may be an outer lock's: only its queue entry is left.
         let mut cleanup = CleanupOnDrop {
-            attempt: random.then_some((self.client, &claim)),
+            attempt: (random || claim.ticket.is_some()).then_some((self.client, &claim)),
         };
         let (outcome, stragglers) = self.client.backend().obtain(&claim, random, how).await;
         // No intact reply: the script may or may not have run. The clean-up goes on in the

@@ -421,22 +421,27 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         claim: &Claim<'_>,
         payload: Option<&str>,
     ) -> Result<Holding<()>> {
-        self.release_sent(claim, payload, Sending::ByHash).await
+        self.release_sent(claim, payload, Sending::ByHash, false)
+            .await
     }
 
+    /// Releases as [`Store::release`] does; with `only_leave`, a fair waiter leaves its
+    /// queues and nothing else changes.
     async fn release_sent(
         &self,
         claim: &Claim<'_>,
         payload: Option<&str>,
         sending: Sending,
+        only_leave: bool,
     ) -> Result<Holding<()>> {
+        let only_leave = u8::from(only_leave);
         let announce = if payload.is_some() { self.announce } else { "" };
         let payload = payload.unwrap_or("");
         // A fair waiter that gives up leaves its queues by the same script.
         let leaving = claim.ticket.map_or("", |ticket| ticket.id.as_str());
         let done: i64 = match claim.modes {
             Some(modes) => {
-                let rest = (announce, payload, self.announce, leaving);
+                let rest = (announce, payload, self.announce, leaving, only_leave);
                 let args = mode_args("release", modes, claim, rest);
                 self.send(&scripts::MODES, claim.keys, None, args, sending, false)
                     .await?
@@ -448,7 +453,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 // (`announce` is PUBLISH only when `self.announce` is.)
                 let common =
                     announce == scripts::PUBLISH && payload.is_empty() && leaving.is_empty();
-                let rest = (!common).then_some((announce, payload, leaving, self.announce));
+                let rest =
+                    (!common).then_some((announce, payload, leaving, self.announce, only_leave));
                 self.send(
                     &scripts::RELEASE,
                     claim.keys,
@@ -512,7 +518,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// obtain and must not depend on a NOSCRIPT fallback that nobody will be waiting to run.
     /// Keys that somebody waits for are announced: the waiter marked them meanwhile.
     pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
-        self.release_sent(claim, Some(""), Sending::Whole).await
+        self.release_sent(claim, Some(""), Sending::Whole, false)
+            .await
+    }
+
+    /// The clean-up after an obtain whose caller went away or got no reply, sent as
+    /// [`Store::release_by_eval`] is: a random token releases its keys and leaves its
+    /// queues; a caller's own token only leaves its queues, since the keys it holds may be
+    /// an outer lock's (a re-obtain by the same token), which nothing but its holder may
+    /// release. What a release handed it meanwhile expires with its TTL, or is made its own
+    /// by the next obtain by that token.
+    pub(crate) async fn clean_up(&self, claim: &Claim<'_>) -> Result<()> {
+        let only_leave = claim.owner.is_custom();
+        self.release_sent(claim, Some(""), Sending::Whole, only_leave)
+            .await
+            .map(drop)
     }
 
     /// Runs `script` by EVALSHA over `keys` (then `extra_key`, if any) with `args`; when the

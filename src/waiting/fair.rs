@@ -3,8 +3,10 @@
 //! A fair obtain keeps one token for all its attempts, so that a release can hand the lock
 //! to the value it queued with, and an id that names its queue entries and the hand-off
 //! notice. Both change only after an attempt whose outcome is unknown (its clean-up, in the
-//! background, releases and leaves by the old token and id, and must not touch the new).
-//! An obtain that ends without the lock leaves its queues, also when it is cancelled.
+//! background, releases and leaves by the old token and id, and must not touch the new);
+//! a caller's own token never changes (only the id does, and the clean-up only leaves the
+//! queues: the keys the token holds may be an outer lock's, see `client.rs`). An obtain
+//! that ends without the lock leaves its queues, also when it is cancelled.
 //!
 //! A hand-off notice is the lock: the obtain takes it without sending anything. Its validity
 //! counts from the send of the attempt the notice names (the last to queue or renew the
@@ -36,9 +38,10 @@ pub(crate) struct Stint {
 }
 
 impl Stint {
-    fn new(lease: Ttl) -> Arc<Self> {
+    /// A stint by the caller's token `custom`, else by a fresh random one.
+    fn new(lease: Ttl, custom: Option<&Owner>) -> Arc<Self> {
         Arc::new(Self {
-            owner: Owner::random(),
+            owner: custom.cloned().unwrap_or_else(Owner::random),
             id: release_payload(),
             lease,
             sent: Mutex::new(VecDeque::with_capacity(REMEMBERED_TURNS)),
@@ -78,6 +81,8 @@ impl Stint {
 /// The fair-waiting state of one obtain call.
 pub(crate) struct Fair {
     lease: Ttl,
+    /// The caller's own token, which every stint keeps.
+    custom: Option<Owner>,
     stint: Mutex<Arc<Stint>>,
     /// The claim of the last stint that queued, until the obtain wins: it leaves its queues
     /// (and releases what it was handed) when the obtain ends without the lock.
@@ -87,10 +92,13 @@ pub(crate) struct Fair {
 }
 
 impl Fair {
-    pub(crate) fn new(lease: Ttl) -> Self {
+    /// The state of an obtain whose queue entries last `lease` without renewal, by the
+    /// caller's token `custom` (else a random one per stint).
+    pub(crate) fn new(lease: Ttl, custom: Option<Owner>) -> Self {
         Self {
             lease,
-            stint: Mutex::new(Stint::new(lease)),
+            stint: Mutex::new(Stint::new(lease, custom.as_ref())),
+            custom,
             queued: Mutex::new(None),
             handed: Mutex::new(None),
         }
@@ -126,7 +134,7 @@ impl Fair {
     pub(crate) fn start_over(&self, stint: &Arc<Stint>) {
         let mut current = lock(&self.stint);
         if Arc::ptr_eq(&current, stint) {
-            *current = Stint::new(self.lease);
+            *current = Stint::new(self.lease, self.custom.as_ref());
         }
     }
 
