@@ -291,10 +291,7 @@ local function release()
     announce = announce == 'SPUBLISH' and 'PUBLISH' or announce
     notice = notice == 'SPUBLISH' and 'PUBLISH' or notice
   end
-  local keys = {}
-  for i = 1, count do
-    keys[i] = KEYS[i]
-  end
+  local keys = first_keys(count)
   -- A fair waiter that gives up leaves its queues (and releases what it was handed).
   if leaving and leaving ~= '' and queue_of(KEYS[1]) then
     dequeue(record_of(keys, leaving), keys)
@@ -356,19 +353,10 @@ local function obtain()
     writes = writes or modes[i] == 'x'
   end
 
-  -- The lock's keys, without the fencing counter.
-  local function lock_keys()
-    local keys = {}
-    for i = 1, count do
-      keys[i] = KEYS[i]
-    end
-    return keys
-  end
-
   -- Blocked by KEYS[i], held for PTTL more ms: a fair waiter queues (or renews its place).
   local function held(i, pttl)
     if fair then
-      queue_up(member, lock_keys(), value, ARGV[5], lease, id, turn, listen, i, ARGV[2])
+      queue_up(member, first_keys(count), value, ARGV[5], lease, id, turn, listen, i, ARGV[2])
       return {0, pttl, i, 1}
     end
     return {0, pttl, i}
@@ -497,7 +485,7 @@ local function obtain()
   -- A fair waiter leaves the queues it may be in (any attempt after its first may have
   -- queued).
   if fair and turn ~= '1' then
-    dequeue(member, lock_keys())
+    dequeue(member, first_keys(count))
   end
   return {1, fence}
 end

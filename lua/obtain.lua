@@ -92,14 +92,7 @@ local member = fair and record_of(KEYS, id)
 
 -- The lock's keys, without the fencing counter.
 local function lock_keys()
-  if not counter then
-    return KEYS
-  end
-  local keys = {}
-  for i = 1, count do
-    keys[i] = KEYS[i]
-  end
-  return keys
+  return counter and first_keys(count) or KEYS
 end
 
 -- Success: a fair waiter leaves the queues it may be in: any attempt after its first may

@@ -167,6 +167,27 @@ local function modes_of(codes, n)
   return modes
 end
 
+-- The waiter MEMBER: its keys, their modes and its record's fields (v, t, i, l, s: see
+-- above); nil when its record is gone (it died, or was handed its lock).
+local function waiter_of(member)
+  local r = redis.call('HMGET', member, 'n', 'm', 1, 'v', 't', 'i', 'l', 's')
+  if not r[1] then
+    return nil
+  end
+  local keys = keys_of(member, tonumber(r[1]), r[3])
+  local record = {v = r[4], t = r[5], i = r[6], l = r[7], s = r[8]}
+  return keys, modes_of(r[2], #keys), record
+end
+
+-- The keys KEYS[1..COUNT] (without a fencing counter after them).
+local function first_keys(count)
+  local keys = {}
+  for i = 1, count do
+    keys[i] = KEYS[i]
+  end
+  return keys
+end
+
 -- Whether a lock with MODES holds some key exclusive (it writes).
 local function writes_any(modes)
   for j = 1, #modes do
@@ -263,8 +284,8 @@ end
 -- for it, queued or not): it stays marked, so that its next release tells them too; the
 -- waiter's other keys are marked when others queue for them.
 local function grant(member, record, keys, modes, left, listen, key, notice)
-  local value, id, turn = record[1], record[3], record[6] or '0'
-  local px = math.min(tonumber(record[2]), left)
+  local value, id, turn = record.v, record.i, record.s or '0'
+  local px = math.min(tonumber(record.t), left)
   local now = clock_ms()
   for j = 1, #keys do
     local queue = queue_of(keys[j])
@@ -300,13 +321,11 @@ local function hand_off(key, released, notice)
   local members = redis.call('ZRANGE', queue, 0, LOOK_AT_MOST - 1)
   for m = 1, #members do
     local member = members[m]
-    local record = redis.call('HMGET', member, 'v', 't', 'i', 'n', 'l', 's', 'm', 1)
-    local left = record[1] and redis.call('PTTL', member) or -2
+    local keys, modes, record = waiter_of(member)
+    local left = keys and redis.call('PTTL', member) or -2
     if left <= 0 then
       redis.call('ZREM', queue, member)
     else
-      local keys = keys_of(member, tonumber(record[4]), record[8])
-      local modes = modes_of(record[7], #keys)
       local writes = writes_any(modes)
       -- Another key's queue may share this one's name ("job" and "{job}"): only a waiter
       -- for KEY itself may have it.
@@ -326,7 +345,7 @@ local function hand_off(key, released, notice)
       end
       local ready = wants and not behind and #held == 0
       if ready and admits(key, modes[wants], writes, now) then
-        grant(member, record, keys, modes, left, keys[tonumber(record[5])] or key, key, notice)
+        grant(member, record, keys, modes, left, keys[tonumber(record.l)] or key, key, notice)
         handed = true
         if modes[wants] == 'x' then
           return true
@@ -356,18 +375,13 @@ local function queue_blocks(key, mode, member)
   end
   local members = redis.call('ZRANGE', queue, 0, LOOK_AT_MOST - 1)
   for m = 1, #members do
-    local other = members[m]
-    if other == member then
+    if members[m] == member then
       return false
     end
-    local record = redis.call('HMGET', other, 'n', 'm', 1)
-    if record[1] then
-      local keys = keys_of(other, tonumber(record[1]), record[3])
-      local modes = modes_of(record[2], #keys)
-      for j = 1, #keys do
-        if keys[j] == key and modes[j] ~= mode then
-          return true
-        end
+    local keys, modes = waiter_of(members[m])
+    for j = 1, (keys and #keys or 0) do
+      if keys[j] == key and modes[j] ~= mode then
+        return true
       end
     end
   end
