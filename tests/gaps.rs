@@ -13,7 +13,7 @@ use std::time::Duration;
 use lockset::redis::aio::ConnectionManager;
 use lockset::{Client, Lock, Options, Retry};
 use support::proxy::Proxy;
-use support::{Env, RedisServer, eventually, ms};
+use support::{Env, RedisServer, client_with_events_via, eventually, ms};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
@@ -27,26 +27,6 @@ fn slow_polling() -> Options {
     Options::default()
         .retry(Retry::linear(Duration::from_secs(15)))
         .timeout(Duration::from_secs(60))
-}
-
-/// A client whose lock commands go straight to `server`, and whose release events go
-/// through `events_url` (a proxy).
-async fn client_with_events_via(
-    server: &RedisServer,
-    events_url: &str,
-) -> Client<ConnectionManager> {
-    let direct = lockset::redis::Client::open(server.url()).unwrap();
-    let conn = ConnectionManager::new(direct).await.unwrap();
-    let events = lockset::redis::Client::open(events_url).unwrap();
-    Client::new(conn).with_release_events(events).unwrap()
-}
-
-/// The name of `key`'s waiter queue.
-fn queue_of(key: &str) -> String {
-    match key.find('{') {
-        Some(_) => format!("{key}:lockset:queue"),
-        None => format!("{{{key}}}:lockset:queue"),
-    }
 }
 
 /// Waits until the proxy held back `n` request chunks in all.
@@ -119,7 +99,7 @@ async fn a_fair_waiter_whose_blocking_key_changes_hears_its_hand_off() {
     let (waiter, released, _proxy) =
         blocking_key_changes_while_subscribing(&env, slow_polling(), ms(5)).await;
     assert_eq!(
-        env.cmd::<i64>(&["ZCARD", &queue_of("{k}:b")]).await,
+        support::fair::queued(&env, "{k}:b").await,
         0,
         "b's release handed the keys on"
     );
@@ -181,7 +161,7 @@ async fn a_hand_off_made_while_the_events_connection_is_down_is_taken_when_it_is
         async move { client.obtain("{r}:a", ms(60_000), &slow_polling()).await }
     });
     eventually(ms(10_000), "the waiter queued", async || {
-        env.cmd::<i64>(&["ZCARD", &queue_of("{r}:a")]).await == 1
+        support::fair::queued(&env, "{r}:a").await == 1
     })
     .await;
     // The events connection breaks, and its SUBSCRIBE cannot get through again yet.
@@ -189,7 +169,7 @@ async fn a_hand_off_made_while_the_events_connection_is_down_is_taken_when_it_is
     proxy.drop_connections();
     held.release().await.unwrap();
     // Handed on while nobody listened.
-    assert_eq!(env.cmd::<i64>(&["ZCARD", &queue_of("{r}:a")]).await, 0);
+    assert_eq!(support::fair::queued(&env, "{r}:a").await, 0);
     held_back(&proxy, 1, "the waiter's SUBSCRIBE after the drop").await;
     let back = Instant::now();
     proxy.release_held();

@@ -12,6 +12,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The faults currently switched on, and what the proxy did so far.
 #[derive(Default)]
@@ -106,6 +107,11 @@ impl Proxy {
     pub fn set_latency(&self, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.faults.latency_us.store(micros, Ordering::SeqCst);
+    }
+
+    /// The latency added to every chunk now.
+    pub fn latency(&self) -> Duration {
+        Duration::from_micros(self.faults.latency_us.load(Ordering::SeqCst))
     }
 
     /// Stops (or resumes) forwarding in both directions; connections stay open.
@@ -213,47 +219,69 @@ enum End {
     Reset,
 }
 
+/// Forwards what `from` sends to `to`, each chunk `latency` after it was read (chunks are
+/// delayed, not slowed: a burst takes the latency once, as on a long link), holding back
+/// or stalling or losing chunks as the faults say.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     faults: Arc<Faults>,
     replies: bool,
 ) -> End {
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let Ok(n) = from.read(&mut buffer).await else {
-            return End::Closed;
-        };
-        if n == 0 {
-            return End::Closed;
-        }
-        if !replies {
-            faults.count(&faults.requests);
-            if faults.holds(&buffer[..n]) {
-                faults.count(&faults.held);
-                while faults.holds(&buffer[..n]) {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+    let (chunks, mut due) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let reading = {
+        let faults = faults.clone();
+        async move {
+            let mut buffer = vec![0u8; 64 * 1024];
+            while let Ok(n) = from.read(&mut buffer).await {
+                if n == 0 {
+                    break;
+                }
+                if !replies {
+                    faults.count(&faults.requests);
+                    if faults.holds(&buffer[..n]) {
+                        faults.count(&faults.held);
+                        while faults.holds(&buffer[..n]) {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                }
+                let latency = Duration::from_micros(faults.latency_us.load(Ordering::SeqCst));
+                if chunks
+                    .send((Instant::now() + latency, buffer[..n].to_vec()))
+                    .is_err()
+                {
+                    break;
                 }
             }
+            // What was read is still forwarded; then the writing side ends.
+            drop(chunks);
+            std::future::pending::<()>().await;
         }
-        let latency = faults.latency_us.load(Ordering::SeqCst);
-        if latency > 0 {
-            tokio::time::sleep(Duration::from_micros(latency)).await;
+    };
+    let writing = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            while faults.stalled.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            if replies && faults.lose_next_reply.swap(false, Ordering::SeqCst) {
+                faults.count(&faults.replies_lost);
+                return End::Reset;
+            }
+            if replies && faults.cut_next_reply.swap(false, Ordering::SeqCst) {
+                let _ = to.write_all(&chunk[..chunk.len() / 2]).await;
+                faults.count(&faults.replies_lost);
+                return End::Reset;
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return End::Closed;
+            }
         }
-        while faults.stalled.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        if replies && faults.lose_next_reply.swap(false, Ordering::SeqCst) {
-            faults.count(&faults.replies_lost);
-            return End::Reset;
-        }
-        if replies && faults.cut_next_reply.swap(false, Ordering::SeqCst) {
-            let _ = to.write_all(&buffer[..n / 2]).await;
-            faults.count(&faults.replies_lost);
-            return End::Reset;
-        }
-        if to.write_all(&buffer[..n]).await.is_err() {
-            return End::Closed;
-        }
+        End::Closed
+    };
+    tokio::select! {
+        () = reading => End::Closed,
+        end = writing => end,
     }
 }
