@@ -11,9 +11,9 @@ mod support;
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionManager;
-use lockset::{Client, Lock, Options, Retry};
+use lockset::{Lock, Options, Retry};
 use support::proxy::Proxy;
-use support::{Env, RedisServer, client_with_events_via, eventually, ms};
+use support::{Env, client_with_events_via, eventually, ms};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 

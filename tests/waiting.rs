@@ -12,7 +12,7 @@ use lockset::redis::aio::ConnectionManager;
 use lockset::{Client, Options, QuorumConfig, Retry};
 use support::masters::Masters;
 use support::proxy::Proxy;
-use support::{Env, RedisServer, client_with_events_via, eventually, ms};
+use support::{Env, client_with_events_via, eventually, ms};
 use tokio::time::{Instant, timeout};
 
 /// Polling alone would wait 15 s between attempts.
