@@ -329,7 +329,7 @@ local function release()
   for i = 1, count do
     local queue = queue_of(KEYS[i])
     local handed = queue and redis.call('EXISTS', queue) == 1
-      and hand_off(KEYS[i], released, notice)
+      and hand_off(KEYS[i], released, notice, false)
     if waited[i] and not handed and announce ~= '' then
       redis.pcall(announce, KEYS[i], payload)
     end

@@ -57,10 +57,15 @@ local function record_of(keys, id)
   return queue_of(keys[1]) .. ':' .. id
 end
 
--- The server's clock in ms (with microseconds), as modes.lua scores holders.
+-- The server's clock in ms (with microseconds), as modes.lua scores holders: asked once
+-- per script, and only by a script that needs it (a hand-off of exclusive keys does not).
+local queue_clock = nil
 local function clock_ms()
-  local now = redis.call('TIME')
-  return tonumber(now[1]) * 1000 + tonumber(now[2]) / 1000
+  if not queue_clock then
+    local now = redis.call('TIME')
+    queue_clock = tonumber(now[1]) * 1000 + tonumber(now[2]) / 1000
+  end
+  return queue_clock
 end
 
 -- The first live member of QUEUE, dropping dead ones before it (at most LOOK_AT_MOST).
@@ -210,11 +215,11 @@ local function set_mode(key)
 end
 
 -- Whether KEY can be taken now in MODE ('x', 's' or 'p<N>') by a lock that WRITES some key
--- or not, as far as its holders go (NOW: the server's clock in ms): it is free, or a set of
+-- or not, as far as its holders go: it is free, or a set of
 -- shared holders in that mode, or of permit holders in that mode with a permit left. A set
 -- whose holders all left takes any mode, but while a writer's mark ("=x", modes.lua) is
 -- live, only for a lock that writes.
-local function admits(key, mode, writes, now)
+local function admits(key, mode, writes)
   local kind = redis.call('TYPE', key)['ok']
   if kind == 'none' then
     return true
@@ -225,6 +230,7 @@ local function admits(key, mode, writes, now)
   if not stored then
     return false
   end
+  local now = clock_ms()
   local writer = redis.call('ZSCORE', key, '=x')
   writer = writer and tonumber(writer) > now
   local holders = redis.call('ZCOUNT', key, string.format('(%.3f', now), '+inf')
@@ -239,8 +245,8 @@ end
 
 -- Makes KEY held in MODE by VALUE for PX ms (it admits it: see admits), MARKED for its
 -- release to announce itself (somebody else waits for it). A set's member is scored by
--- its expiry (NOW + PX), and the set lives as long as its latest member.
-local function take(key, mode, value, px, marked, now)
+-- its expiry, and the set lives as long as its latest member.
+local function take(key, mode, value, px, marked)
   if mode == 'x' then
     -- Also over a set whose holders all left.
     redis.call('SET', key, marked and '!' .. value or value, 'PX', px)
@@ -250,7 +256,7 @@ local function take(key, mode, value, px, marked, now)
     -- A set of another mode that nobody holds any more.
     redis.call('DEL', key)
   end
-  redis.call('ZADD', key, '-inf', '=' .. mode, now + px, value)
+  redis.call('ZADD', key, '-inf', '=' .. mode, clock_ms() + px, value)
   if marked then
     redis.call('ZADD', key, '-inf', '=w')
   end
@@ -286,12 +292,11 @@ end
 local function grant(member, record, keys, modes, left, listen, key, notice)
   local value, id, turn = record.v, record.i, record.s or '0'
   local px = math.min(tonumber(record.t), left)
-  local now = clock_ms()
   for j = 1, #keys do
     local queue = queue_of(keys[j])
     redis.call('ZREM', queue, member)
     local marked = keys[j] == key or redis.call('EXISTS', queue) == 1
-    take(keys[j], modes[j], value, px, marked, now)
+    take(keys[j], modes[j], value, px, marked)
   end
   redis.call('DEL', member)
   if notice ~= '' then
@@ -304,9 +309,10 @@ end
 -- lock for another key, and is first in all its queues, has the holders of those keys
 -- marked, so that their releases hand on too. Dead waiters met on the way leave the queue.
 -- RELEASED: the keys this release frees, when more than one (each goes to its own queue's
--- first waiter). True when KEY went to some waiter (maybe with another key of this
--- release, earlier).
-local function hand_off(key, released, notice)
+-- first waiter); FREE: KEY is known to be free (deleted by this release), which spares a
+-- look at it. True when KEY went to some waiter (maybe with another key of this release,
+-- earlier).
+local function hand_off(key, released, notice, free)
   local queue = queue_of(key)
   if not queue then
     return false
@@ -317,7 +323,6 @@ local function hand_off(key, released, notice)
     return true
   end
   local handed = false
-  local now = clock_ms()
   local members = redis.call('ZRANGE', queue, 0, LOOK_AT_MOST - 1)
   for m = 1, #members do
     local member = members[m]
@@ -335,7 +340,7 @@ local function hand_off(key, released, notice)
       for j = 1, #keys do
         if keys[j] == key then
           wants = j
-        elseif not admits(keys[j], modes[j], writes, now) then
+        elseif not admits(keys[j], modes[j], writes) then
           -- A key this release freed may have gone to another waiter already, with a key
           -- handed on before this one: it is held then, as any other.
           held[#held + 1] = keys[j]
@@ -344,9 +349,10 @@ local function hand_off(key, released, notice)
         end
       end
       local ready = wants and not behind and #held == 0
-      if ready and admits(key, modes[wants], writes, now) then
+      if ready and (free or admits(key, modes[wants], writes)) then
         grant(member, record, keys, modes, left, keys[tonumber(record.l)] or key, key, notice)
         handed = true
+        free = false
         if modes[wants] == 'x' then
           return true
         end

@@ -93,7 +93,8 @@ end
 -- Hands on, or else announces the release of, each key in `keys` (deleted already).
 local function announce_all(keys)
   for i = 1, #keys do
-    if not hand_off(keys[i], released, notice) then
+    -- A single key was just deleted; of several, one may have gone on with another.
+    if not hand_off(keys[i], released, notice, count == 1) then
       if announce ~= '' then
         -- A key's release channel is named like the key (a separate namespace), which
         -- keeps it in the key's cluster slot for sharded pub/sub at no cost.
