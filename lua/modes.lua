@@ -326,11 +326,11 @@ local function release()
   for i = 1, (count > 1 and count or 0) do
     released[KEYS[i]] = true
   end
+  -- Waiters that queue for a key mark it as any waiter does ('!', '=w'), and room is made
+  -- for them only where `waited` says so: a reader's release that leaves other readers lets
+  -- no waiter in that another key of this release does not.
   for i = 1, count do
-    local queue = queue_of(KEYS[i])
-    local handed = queue and redis.call('EXISTS', queue) == 1
-      and hand_off(KEYS[i], released, notice, false)
-    if waited[i] and not handed and announce ~= '' then
+    if waited[i] and not hand_off(KEYS[i], released, notice, false) and announce ~= '' then
       redis.pcall(announce, KEYS[i], payload)
     end
   end
@@ -435,8 +435,8 @@ local function obtain()
         end
         -- First come, first served: a waiter that came before and cannot share the key
         -- with this lock goes first.
-        if holders(key, redis.call('ZSCORE', key, '=x')) > 0
-          and queue_blocks(key, mode, member) then
+        if queue_blocks(key, mode, member)
+          and holders(key, redis.call('ZSCORE', key, '=x')) > 0 then
           return held_set(i, earliest(key))
         end
         plans[i] = 'join'
