@@ -812,11 +812,12 @@ where
     /// script may have locked the keys. So does dropping this future mid-flight (at the
     /// deadline, or cancelled). For a random token, release by token then, in the
     /// background: on the same connection, after the obtain. A custom token may already
-    /// have held these keys before this call, so they are left to expire with the TTL.
+    /// have held these keys before this call, so they are left to expire with the TTL (a
+    /// fair waiter's queue entry is left, by the same clean-up).
     ///
     /// `sent`: a moment before the attempt is sent, where its validity counts from.
     async fn run(&self, how: Try, sent: Instant) -> Step<Won> {
-        // A fair obtain keeps its token while it queues (see `fair.rs`).
+        // A fair obtain keeps its token while it queues (see `waiting/fair.rs`).
         let stint = self.fair.map(Fair::stint);
         if let Some(won) = self.take_handed(stint.as_ref()) {
             return Step::Done(won);
