@@ -261,7 +261,10 @@ async fn pump(
     };
     let writing = async move {
         while let Some((at, chunk)) = due.recv().await {
-            tokio::time::sleep_until(at).await;
+            // Without latency, at once (a timer rounds up to the next millisecond).
+            if at > Instant::now() {
+                tokio::time::sleep_until(at).await;
+            }
             while faults.stalled.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
