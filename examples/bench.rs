@@ -543,6 +543,21 @@ impl Contention {
         sample
     }
 
+    /// A task that set out at `start` has the lock now: notes how long it waited, and the
+    /// hand-over from the last release.
+    async fn acquired(&self, start: Instant, latencies: &mut Vec<u32>, handoffs: &mut Vec<u32>) {
+        let acquired = Instant::now();
+        if let Some(sent) = self.released.lock().await.take() {
+            handoffs.push(micros(acquired.saturating_duration_since(sent)));
+        }
+        latencies.push(micros(acquired - start));
+    }
+
+    /// A holder is about to send its release.
+    async fn releasing(&self) {
+        *self.released.lock().await = Some(Instant::now());
+    }
+
     /// The critical section of a holder that shares the key with up to `limit` holders
     /// (W4): an atomic increment of the counter and an await; more than `limit` holders
     /// inside, or a writer beside it, is counted.
@@ -739,13 +754,9 @@ impl Bench {
                                 Some(lockset.obtain("w2", TTL, &options).await.expect("obtain"))
                             }
                         };
-                        let acquired = Instant::now();
-                        if let Some(sent) = shared.released.lock().await.take() {
-                            handoffs.push(micros(acquired.saturating_duration_since(sent)));
-                        }
-                        latencies.push(micros(acquired - start));
+                        shared.acquired(start, &mut latencies, &mut handoffs).await;
                         shared.critical_section(hold).await;
-                        *shared.released.lock().await = Some(Instant::now());
+                        shared.releasing().await;
                         match lock {
                             None => raw.release(&keys, &value).await,
                             Some(lock) => lock.release().await.expect("release"),
@@ -804,16 +815,12 @@ impl Bench {
                                     .expect("obtain"),
                             ),
                         };
-                        let acquired = Instant::now();
-                        if let Some(sent) = shared.released.lock().await.take() {
-                            handoffs.push(micros(acquired.saturating_duration_since(sent)));
-                        }
-                        latencies.push(micros(acquired - start));
+                        shared.acquired(start, &mut latencies, &mut handoffs).await;
                         match mode {
                             Mode::Exclusive => shared.writer_section(hold).await,
                             _ => shared.shared_section(limit, hold).await,
                         }
-                        *shared.released.lock().await = Some(Instant::now());
+                        shared.releasing().await;
                         match lock {
                             None => raw.release_mode(&raw_mode, &value).await,
                             Some(lock) => lock.release().await.expect("release"),
