@@ -16,7 +16,13 @@
 //! - W4 modes: C tasks all reading one shared key (`read`), or each taking one of 1,000
 //!   permits of one counted key (`permit`), obtain + release. Its baseline (the "raw"
 //!   columns) is lockset's own exclusive cycle, each task on its own key: what a shared or
-//!   counted key costs over a plain one.
+//!   counted key costs over a plain one. And contended as W2 `procs` is (8 tasks, one
+//!   client each, the same critical section, hold 0 ms, the same figures): `rw`, readers
+//!   and writers of one key (each task writes every fourth acquisition, reads the others);
+//!   `sem`, one of 2 permits of one counted key. Their baseline is raw polling: a minimal
+//!   reader/writer lock and semaphore by hand (one script: a writer's string key and a
+//!   sorted set of sharers scored by expiry; release by compare-and-delete or ZREM), each
+//!   obtain retried every 1 ms.
 //! - W1R and W2R: W1 and W2 on a second primary, which has one replica, every obtain
 //!   counting only once the replica acknowledged it: lockset with
 //!   `Client::replicated(Replication::replicas(1))`, raw with `SET key value NX PX ttl` and
@@ -67,6 +73,12 @@ const ROUND: Duration = Duration::from_millis(500);
 /// Tasks contending in W2.
 const CONTENDERS: usize = 8;
 
+/// The raw reader/writer lock's keys (W4 `rw` and `sem`).
+const RAW_MODE_KEYS: [&str; 2] = ["{w4c}:w", "{w4c}:s"];
+
+/// How many permits W4's `sem` rows contend for.
+const SEM_PERMITS: u32 = 2;
+
 /// Compare-and-delete of one key (W1, W2).
 const RAW_RELEASE_ONE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -78,6 +90,25 @@ local pairs = {}
 for i = 1, #KEYS do pairs[2 * i - 1] = KEYS[i]; pairs[2 * i] = ARGV[1] end
 if redis.call('MSETNX', unpack(pairs)) == 0 then return 0 end
 for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
+return 1";
+
+/// A minimal reader/writer lock and semaphore (W4 `rw` and `sem`, raw): KEYS[1] the
+/// writer's key, KEYS[2] the set of sharers scored by expiry; ARGV[1] "w" (write), "s"
+/// (share) or a permit limit, ARGV[2] the value, ARGV[3] the TTL in ms. 1 when obtained.
+const RAW_OBTAIN_MODE: &str = r"
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local sharers = redis.call('ZCARD', KEYS[2])
+if ARGV[1] == 'w' then
+  if sharers > 0 then return 0 end
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+if ARGV[1] ~= 's' and sharers >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[2], now + ARGV[3], ARGV[2])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1";
 
 /// MGET, compare, DEL (W3).
@@ -194,6 +225,7 @@ struct Raw {
     release_one: String,
     obtain_many: String,
     release_many: String,
+    obtain_mode: String,
     /// How many replicas must acknowledge a single-key obtain (`WAIT`), if any.
     replicas: Option<u32>,
 }
@@ -214,16 +246,18 @@ impl Raw {
                 .await
                 .expect("SCRIPT LOAD")
         };
-        let (release_one, obtain_many, release_many) = (
+        let (release_one, obtain_many, release_many, obtain_mode) = (
             load(RAW_RELEASE_ONE).await,
             load(RAW_OBTAIN_MANY).await,
             load(RAW_RELEASE_MANY).await,
+            load(RAW_OBTAIN_MODE).await,
         );
         Self {
             conn: Counted(conn),
             release_one,
             obtain_many,
             release_many,
+            obtain_mode,
             replicas,
         }
     }
@@ -267,7 +301,38 @@ impl Raw {
         done == 1
     }
 
-    async fn release(&self, keys: &[String], value: &str) {
+    /// One obtain attempt of the raw reader/writer lock or semaphore (W4): `mode` is "w",
+    /// "s" or a permit limit. True when obtained.
+    async fn obtain_mode(&self, mode: &str, value: &str) -> bool {
+        let mut cmd = Cmd::new();
+        cmd.arg("EVALSHA")
+            .arg(&self.obtain_mode)
+            .arg(2)
+            .arg(&RAW_MODE_KEYS[..])
+            .arg(mode)
+            .arg(value)
+            .arg(TTL.as_millis() as u64);
+        let done: i64 = cmd
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("obtain");
+        done == 1
+    }
+
+    /// Releases what [`Raw::obtain_mode`] obtained in `mode`.
+    async fn release_mode(&self, mode: &str, value: &str) {
+        if mode == "w" {
+            return self.release(&RAW_MODE_KEYS[..1], value).await;
+        }
+        let _: i64 = redis::cmd("ZREM")
+            .arg(RAW_MODE_KEYS[1])
+            .arg(value)
+            .query_async(&mut self.conn.clone())
+            .await
+            .expect("release");
+    }
+
+    async fn release<K: redis::ToRedisArgs>(&self, keys: &[K], value: &str) {
         let script = if keys.len() == 1 {
             &self.release_one
         } else {
@@ -447,6 +512,8 @@ struct Contention {
     stop: AtomicBool,
     /// Holders inside the critical section now (more than one is a violation).
     inside: AtomicUsize,
+    /// Writers inside it now (W4 `rw`: beside a writer, anyone else is a violation).
+    writers: AtomicUsize,
     violations: AtomicU64,
     /// Incremented non-atomically by each holder: lost updates show overlapping holders.
     counter: AtomicU64,
@@ -454,18 +521,84 @@ struct Contention {
     released: Mutex<Option<Instant>>,
 }
 
+/// What the tasks of one contended round return: their latencies and hand-offs.
+type Measured = tokio::task::JoinHandle<(Vec<u32>, Vec<u32>)>;
+
 impl Contention {
+    /// Lets the round's tasks run for [`ROUND`], stops them, and gathers their figures:
+    /// every acquisition went through the critical section once (a lost update counts as
+    /// a violation).
+    async fn gather(&self, handles: Vec<Measured>) -> Sample {
+        let start = Instant::now();
+        tokio::time::sleep(ROUND).await;
+        self.stop.store(true, Ordering::Relaxed);
+        let mut sample = Sample::default();
+        for handle in handles {
+            let (latencies, handoffs) = handle.await.expect("task");
+            sample.per_task.push(latencies.len() as u64);
+            sample.latencies_us.extend(latencies);
+            sample.handoffs_us.extend(handoffs);
+        }
+        sample.seconds = start.elapsed().as_secs_f64();
+        sample.ops = sample.latencies_us.len() as u64;
+        let lost = sample
+            .ops
+            .saturating_sub(self.counter.load(Ordering::SeqCst));
+        sample.violations = self.violations.load(Ordering::SeqCst) + lost;
+        sample
+    }
+
+    /// A task that set out at `start` has the lock now: notes how long it waited, and the
+    /// hand-over from the last release.
+    async fn acquired(&self, start: Instant, latencies: &mut Vec<u32>, handoffs: &mut Vec<u32>) {
+        let acquired = Instant::now();
+        if let Some(sent) = self.released.lock().await.take() {
+            handoffs.push(micros(acquired.saturating_duration_since(sent)));
+        }
+        latencies.push(micros(acquired - start));
+    }
+
+    /// A holder is about to send its release.
+    async fn releasing(&self) {
+        *self.released.lock().await = Some(Instant::now());
+    }
+
+    /// The critical section of a holder that shares the key with up to `limit` holders
+    /// (W4): an atomic increment of the counter and an await; more than `limit` holders
+    /// inside, or a writer beside it, is counted.
+    async fn shared_section(&self, limit: usize, hold: Duration) {
+        let inside = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        if inside > limit || self.writers.load(Ordering::SeqCst) > 0 {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        self.counter.fetch_add(1, Ordering::SeqCst);
+        self.hold(hold).await;
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A writer's critical section (W4 `rw`): [`Contention::critical_section`], seen by
+    /// the sharers.
+    async fn writer_section(&self, hold: Duration) {
+        self.writers.fetch_add(1, Ordering::SeqCst);
+        self.critical_section(hold).await;
+        self.writers.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    async fn hold(&self, hold: Duration) {
+        if hold.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(hold).await;
+        }
+    }
+
     /// The critical section: a read, an await, a write; a second holder inside is counted.
     async fn critical_section(&self, hold: Duration) {
         if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
             self.violations.fetch_add(1, Ordering::SeqCst);
         }
         let read = self.counter.load(Ordering::SeqCst);
-        if hold.is_zero() {
-            tokio::task::yield_now().await;
-        } else {
-            tokio::time::sleep(hold).await;
-        }
+        self.hold(hold).await;
         self.counter.store(read + 1, Ordering::SeqCst);
         self.inside.fetch_sub(1, Ordering::SeqCst);
     }
@@ -507,6 +640,9 @@ impl Bench {
         let before = self.commands().await;
         let mut sample = match workload.name {
             "w2" | "w2r" => self.contended(which, workload).await,
+            "w4" if matches!(workload.clients, "rw" | "sem") => {
+                self.contended_modes(which, workload).await
+            }
             _ => self.uncontended(which, workload).await,
         };
         let after = self.commands().await;
@@ -623,13 +759,9 @@ impl Bench {
                                 Some(lockset.obtain("w2", TTL, &options).await.expect("obtain"))
                             }
                         };
-                        let acquired = Instant::now();
-                        if let Some(sent) = shared.released.lock().await.take() {
-                            handoffs.push(micros(acquired.saturating_duration_since(sent)));
-                        }
-                        latencies.push(micros(acquired - start));
+                        shared.acquired(start, &mut latencies, &mut handoffs).await;
                         shared.critical_section(hold).await;
-                        *shared.released.lock().await = Some(Instant::now());
+                        shared.releasing().await;
                         match lock {
                             None => raw.release(&keys, &value).await,
                             Some(lock) => lock.release().await.expect("release"),
@@ -639,25 +771,71 @@ impl Bench {
                 })
             })
             .collect();
-        let start = Instant::now();
-        tokio::time::sleep(ROUND).await;
-        shared.stop.store(true, Ordering::Relaxed);
-        let mut sample = Sample::default();
-        for handle in handles {
-            let (latencies, handoffs) = handle.await.expect("task");
-            sample.per_task.push(latencies.len() as u64);
-            sample.latencies_us.extend(latencies);
-            sample.handoffs_us.extend(handoffs);
-        }
-        sample.seconds = start.elapsed().as_secs_f64();
-        sample.ops = sample.latencies_us.len() as u64;
-        sample.violations = shared.violations.load(Ordering::SeqCst);
-        // Every acquisition went through the critical section once.
-        let lost = sample
-            .ops
-            .saturating_sub(shared.counter.load(Ordering::SeqCst));
-        sample.violations += lost;
-        sample
+        shared.gather(handles).await
+    }
+}
+
+impl Bench {
+    /// W4 `rw` and `sem`: tasks of their own clients contending for one key in modes: a
+    /// quarter of the acquisitions write and the rest read (`rw`), or each takes one of
+    /// [`SEM_PERMITS`] permits (`sem`).
+    async fn contended_modes(self: &Arc<Self>, which: Impl, workload: Workload) -> Sample {
+        let shared = Arc::new(Contention::default());
+        let hold = Duration::from_millis(workload.hold_ms);
+        let options = Options::default()
+            .retry(Retry::linear(Duration::from_millis(1)))
+            .timeout(Duration::from_secs(30));
+        let handles: Vec<_> = (0..workload.concurrency)
+            .map(|t| {
+                let raw = self.raw_per_task[t].clone();
+                let lockset = self.lockset_per_task[t].clone();
+                let (shared, options) = (shared.clone(), options.clone());
+                tokio::spawn(async move {
+                    let (mut latencies, mut handoffs) = (Vec::new(), Vec::new());
+                    let mut n = t;
+                    while !shared.stop.load(Ordering::Relaxed) {
+                        n += 1;
+                        let (mode, raw_mode, limit) = match workload.clients {
+                            "rw" if n % 4 == 0 => (Mode::Exclusive, "w".to_owned(), 1),
+                            "rw" => (Mode::Shared, "s".to_owned(), usize::MAX),
+                            _ => (
+                                Mode::Permit { limit: SEM_PERMITS },
+                                SEM_PERMITS.to_string(),
+                                SEM_PERMITS as usize,
+                            ),
+                        };
+                        let start = Instant::now();
+                        let value = token();
+                        let lock = match which {
+                            Impl::Raw => {
+                                while !raw.obtain_mode(&raw_mode, &value).await {
+                                    tokio::time::sleep(Duration::from_millis(1)).await;
+                                }
+                                None
+                            }
+                            Impl::Lockset => Some(
+                                lockset
+                                    .obtain(("{w4c}:key", mode), TTL, &options)
+                                    .await
+                                    .expect("obtain"),
+                            ),
+                        };
+                        shared.acquired(start, &mut latencies, &mut handoffs).await;
+                        match mode {
+                            Mode::Exclusive => shared.writer_section(hold).await,
+                            _ => shared.shared_section(limit, hold).await,
+                        }
+                        shared.releasing().await;
+                        match lock {
+                            None => raw.release_mode(&raw_mode, &value).await,
+                            Some(lock) => lock.release().await.expect("release"),
+                        }
+                    }
+                    (latencies, handoffs)
+                })
+            })
+            .collect();
+        shared.gather(handles).await
     }
 }
 
@@ -730,6 +908,8 @@ fn workloads() -> Vec<Workload> {
         ("read", 64),
         ("permit", 1),
         ("permit", 16),
+        ("rw", CONTENDERS),
+        ("sem", CONTENDERS),
     ] {
         workloads.push(Workload {
             name: "w4",
@@ -952,7 +1132,7 @@ fn report(
         let [(workload, _, raw), (_, _, lockset)] = pair else {
             continue;
         };
-        let contended = workload.name.starts_with("w2");
+        let contended = workload.name.starts_with("w2") || matches!(workload.clients, "rw" | "sem");
         let ratios = round_ratios
             .get_mut(workload)
             .map(std::mem::take)

@@ -17,7 +17,17 @@
 -- ARGV[7]  obtain: "1" when the caller waits for release events (marks what blocks it);
 --          refresh, only when the metadata changes: "1" to store ARGV[3] in place of the
 --          owner's values and members
--- ARGV[8]  obtain: "1" when the caller will try again if blocked (a writer queues, below)
+-- ARGV[7]  release: "PUBLISH" or "SPUBLISH": how a fair waiter is told that it was handed
+--          the lock (absent: PUBLISH)
+-- ARGV[8]  obtain: "1" when the caller will try again if blocked (a writer that does not
+--          queue marks the key, below); release: the id of a fair waiter that gives up (else
+--          empty or absent): it leaves the queues of KEYS, and releases what it was handed
+-- ARGV[9]  release: "1" when the waiter of ARGV[8] only leaves its queues (a caller's own
+--          token), nothing else changes
+-- ARGV[9..12]  obtain, for a fair waiter: its lease in ms, its id, this attempt's turn and
+--          the index of the key on whose channel it hears its hand-off, as ARGV[5..8] of
+--          obtain.lua. A fair waiter that finds a key held queues on every key in its mode
+--          (see queue.lua); once it has the lock it leaves the queues
 --
 -- Storage. An exclusive key is a string, exactly as a lock without modes writes it. A shared
 -- or counted key is a sorted set of
@@ -30,8 +40,13 @@
 -- The set expires with its latest member. Expired members are removed on every touch; a set
 -- left with no holder and no waiting writer is deleted.
 --
+-- Queues. Waiters of every mode queue together on a key (queue.lua): a release hands the
+-- key down its queue, and a lock joins a key's sharers only when no waiter that came
+-- before it wants the key in a mode that cannot share with it.
+--
 -- Replies, as the scripts for locks without modes give them:
---   obtain   {1, fence} | {0, pttl, i} | {2, key} (another type) | {3, i, stored mode}
+--   obtain   {1, fence} | {0, pttl, i} | {0, pttl, i, 1} (queued) | {2, key} (another
+--            type) | {3, i, stored mode}
 --   pttl     smallest remaining ms | -1 no expiry | -2 another owner's | -3 missing
 --   refresh, release   1 done | 0 another owner's | 2 missing (nothing changed)
 local op, value, custom = ARGV[1], ARGV[3], ARGV[4] == '1'
@@ -48,6 +63,7 @@ local now = tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
 local live = string.format('(%.3f', now)
 
 -- (owner.lua goes here)
+-- (queue.lua goes here)
 
 -- What a key is: "free", "string", "set" (with its mode member) or "foreign". A set in
 -- `mode` (as asked for) is found with one command.
@@ -270,29 +286,34 @@ local function refresh()
 end
 
 local function release()
-  local announce, payload = ARGV[5], ARGV[6]
-  if announce == 'SPUBLISH' and (redis.REDIS_VERSION_NUM or 0) < 0x070000 then
-    announce = 'PUBLISH'
+  local announce, payload, notice, leaving = ARGV[5], ARGV[6], ARGV[7] or 'PUBLISH', ARGV[8]
+  if not redis7 then
+    announce = announce == 'SPUBLISH' and 'PUBLISH' or announce
+    notice = notice == 'SPUBLISH' and 'PUBLISH' or notice
+  end
+  local keys = first_keys(count)
+  -- A fair waiter that gives up leaves its queues (and releases what it was handed).
+  if leaving and leaving ~= '' and queue_of(KEYS[1]) then
+    dequeue(record_of(keys, leaving), keys)
+  end
+  if ARGV[9] == '1' then
+    return 1
   end
   local failed, states = check_all(0, 2, false)
   if failed then
     return failed
   end
-  local announced = {}
+  local waited = {}
   for i = 1, count do
     local key, mode = KEYS[i], modes[i]
     if mode == 'x' then
       redis.call('DEL', key)
-      if string.byte(states[i][2], 1) == 33 then
-        announced[#announced + 1] = key
-      end
+      waited[i] = string.byte(states[i][2], 1) == 33
     else
       redis.call('ZREM', key, states[i][2])
       local last, holder = latest(key)
       -- Room was made for a waiter: a permit, or a key that no holder shares any more.
-      if (mode ~= 's' or not holder) and redis.call('ZSCORE', key, '=w') then
-        announced[#announced + 1] = key
-      end
+      waited[i] = (mode ~= 's' or not holder) and redis.call('ZSCORE', key, '=w') ~= false
       if not last then
         redis.call('DEL', key)
       elseif states[i][3] > last then
@@ -300,9 +321,17 @@ local function release()
       end
     end
   end
-  if announce ~= '' then
-    for i = 1, #announced do
-      redis.pcall(announce, announced[i], payload)
+  -- Every key is let go before any is handed on: a waiter may want several of them.
+  local released = {}
+  for i = 1, (count > 1 and count or 0) do
+    released[KEYS[i]] = true
+  end
+  -- Waiters that queue for a key mark it as any waiter does ('!', '=w'), and room is made
+  -- for them only where `waited` says so: a reader's release that leaves other readers lets
+  -- no waiter in that another key of this release does not.
+  for i = 1, count do
+    if waited[i] and not hand_off(KEYS[i], released, notice, false) and announce ~= '' then
+      redis.pcall(announce, KEYS[i], payload)
     end
   end
   return 1
@@ -312,6 +341,9 @@ end
 local function obtain()
   local ttl, fencing = tonumber(ARGV[5]), ARGV[6] ~= '0'
   local mark, retries = ARGV[7] == '1', ARGV[8] == '1'
+  local lease, id, turn, listen = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+  local fair = lease ~= nil and lease ~= '' and queue_of(KEYS[1]) ~= nil
+  local member = fair and record_of(KEYS, id) or nil
   local plans = {}
   -- A lock that writes some key reads past waiting writers: it may itself be the waiting
   -- writer that another such lock reads past, and two locks that each waited for the
@@ -321,18 +353,27 @@ local function obtain()
     writes = writes or modes[i] == 'x'
   end
 
+  -- Blocked by KEYS[i], held for PTTL more ms: a fair waiter queues (or renews its place).
+  local function held(i, pttl)
+    if fair then
+      queue_up(member, first_keys(count), value, ARGV[5], lease, id, turn, listen, i, ARGV[2])
+      return {0, pttl, i, 1}
+    end
+    return {0, pttl, i}
+  end
+
   -- A held key: mark what blocks us as asked, and say for how long it is held.
   local function held_string(i, current)
     if mark and not owned(current) and ours_to_mark(current) then
       redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
     end
-    return {0, redis.call('PTTL', KEYS[i]), i}
+    return held(i, redis.call('PTTL', KEYS[i]))
   end
   local function held_set(i, free_at)
     if mark then
       redis.call('ZADD', KEYS[i], '-inf', '=w')
     end
-    return {0, math.max(0, math.ceil(free_at - now)), i}
+    return held(i, math.max(0, math.ceil(free_at - now)))
   end
 
   -- First every key is looked at, and nothing but marks (and expired members) is written;
@@ -368,8 +409,9 @@ local function obtain()
       local _, last = latest(key)
       if last then
         -- Writers first: no lock that only reads gets in until this writer tries again
-        -- (it is woken by the last release, or wakes when the last holder expires).
-        if retries then
+        -- (it is woken by the last release, or wakes when the last holder expires). A fair
+        -- writer's place in the key's queue does the same (queue_blocks).
+        if retries and not fair then
           local upto = now + math.max(ttl, last - now)
           redis.call('ZADD', key, 'GT', upto, '=x')
           expire_set(key)
@@ -389,6 +431,12 @@ local function obtain()
           return held_set(i, tonumber(writer))
         end
         if mode ~= 's' and holders(key, writer) >= tonumber(string.sub(mode, 2)) then
+          return held_set(i, earliest(key))
+        end
+        -- First come, first served: a waiter that came before and cannot share the key
+        -- with this lock goes first.
+        if queue_blocks(key, mode, member)
+          and holders(key, redis.call('ZSCORE', key, '=x')) > 0 then
           return held_set(i, earliest(key))
         end
         plans[i] = 'join'
@@ -433,6 +481,11 @@ local function obtain()
       redis.call('ZREM', key, plan[1])
       join_set(key, mode, value, math.max(plan[2], now + ttl), true, false)
     end
+  end
+  -- A fair waiter leaves the queues it may be in (any attempt after its first may have
+  -- queued).
+  if fair and turn ~= '1' then
+    dequeue(member, first_keys(count))
   end
   return {1, fence}
 end

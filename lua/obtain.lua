@@ -15,7 +15,10 @@
 -- ARGV[7]  for a fair waiter: this attempt's turn (1, 2, ... within one id). The waiter's
 --          record keeps the turn that last queued or renewed it, and a hand-off names it:
 --          that attempt was sent before the hand-off, which is where the new holder's
---          validity starts (see src/fair.rs)
+--          validity starts (see src/waiting/fair.rs)
+-- ARGV[8]  for a fair waiter: the index of the key on whose release channel it hears its
+--          hand-off (its subscription was live when this attempt was sent); absent: the
+--          key that blocks this attempt
 --
 -- Reply: {1, fence}     every key is ours, with the new token as a decimal string (false
 --                      without fencing)
@@ -39,7 +42,7 @@ if ARGV[3] and ARGV[3] ~= '0' and ARGV[3] ~= '' then
   count = count - 1
   epoch = tonumber(ARGV[3]) - 1
 end
-local lease, id, turn = ARGV[5], ARGV[6], ARGV[7]
+local lease, id, turn, listen = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local fair = lease ~= nil and lease ~= ''
 
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
@@ -89,14 +92,7 @@ local member = fair and record_of(KEYS, id)
 
 -- The lock's keys, without the fencing counter.
 local function lock_keys()
-  if not counter then
-    return KEYS
-  end
-  local keys = {}
-  for i = 1, count do
-    keys[i] = KEYS[i]
-  end
-  return keys
+  return counter and first_keys(count) or KEYS
 end
 
 -- Success: a fair waiter leaves the queues it may be in: any attempt after its first may
@@ -134,48 +130,13 @@ local function failed(err, key)
   return err
 end
 
--- A fair waiter blocked by KEYS[blocked]: queues on every key, or renews its lease (the
--- record's expiry), keeping its place. Its record names every key, also a single one (two
--- keys' queues may share a name: "job" and "{job}").
-local function queue_up(blocked)
-  local keys = lock_keys()
-  -- A first turn has no record yet; a later one renews it, unless it lapsed.
-  if turn == '1' or redis.call('PEXPIRE', member, lease) == 0 then
-    -- One HSET with the first chunk of keys, one more per further chunk (unpack() has a
-    -- limit).
-    local fields = {'v', value, 't', ttl, 'i', id, 'n', count, 'l', blocked, 's', turn}
-    for first = 1, count, CHUNK do
-      for j = first, math.min(first + CHUNK - 1, count) do
-        fields[#fields + 1] = j
-        fields[#fields + 1] = keys[j]
-      end
-      redis.call('HSET', member, unpack(fields))
-      fields = {}
-    end
-    redis.call('PEXPIRE', member, lease)
-  else
-    redis.call('HSET', member, 'l', blocked, 's', turn)
-  end
-  local now = redis.call('TIME')
-  local arrival = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  for j = 1, count do
-    local queue = queue_of(keys[j])
-    redis.call('ZADD', queue, 'NX', arrival, member)
-    -- A queue whose waiters all died goes with them; never sooner than another waiter's
-    -- longer lease asked for.
-    if redis.call('PTTL', queue) < 3 * lease then
-      redis.call('PEXPIRE', queue, 3 * lease)
-    end
-  end
-end
-
 local function held_by_another(i, current)
   undo()
   if mark_holder and ours_to_mark(current) then
     redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
   end
   if fair then
-    queue_up(i)
+    queue_up(member, lock_keys(), value, ttl, lease, id, turn, listen, i, nil)
     return {0, redis.call('PTTL', KEYS[i]), i, 1}
   end
   return {0, redis.call('PTTL', KEYS[i]), i}
@@ -234,24 +195,20 @@ end
 
 -- Keys already ours: new value (keeping a waiter's mark), never a shorter TTL.
 local wanted = tonumber(ttl)
+-- A fair waiter's keys that a release handed it (for no longer than its TTL) get the full
+-- TTL this way: an attempt after the notice (one that did not take the hand-off as it was
+-- told) extends them; a caller's own token may also hold some key as an outer lock.
 for j = 1, #mine do
   local i, current = mine[j][1], mine[j][2]
-  if fair then
-    -- Handed to this waiter, with its own value for no longer than its TTL (the token is
-    -- this obtain's own): an attempt after the notice (one that did not take the hand-off
-    -- as it was told) extends it to the full TTL.
-    redis.call('PEXPIRE', KEYS[i], ttl)
+  local stored = value
+  if string.byte(current, 1) == 33 then
+    stored = '!' .. value
+  end
+  local left = redis.call('PTTL', KEYS[i])
+  if left >= 0 and left < wanted then
+    redis.call('SET', KEYS[i], stored, 'PX', ttl)
   else
-    local stored = value
-    if string.byte(current, 1) == 33 then
-      stored = '!' .. value
-    end
-    local left = redis.call('PTTL', KEYS[i])
-    if left >= 0 and left < wanted then
-      redis.call('SET', KEYS[i], stored, 'PX', ttl)
-    else
-      redis.call('SET', KEYS[i], stored, 'KEEPTTL')
-    end
+    redis.call('SET', KEYS[i], stored, 'KEEPTTL')
   end
 end
 return won(fence)

@@ -110,7 +110,7 @@ where
     /// Best-effort release after an obtain whose caller went away or got no reply.
     pub(crate) async fn clean_up(&self, claim: &Claim<'_>) -> Result<()> {
         match self {
-            Self::Single(store) => store.release_by_eval(claim).await.map(drop),
+            Self::Single(store) => store.clean_up(claim).await,
             Self::Quorum(quorum) => {
                 Box::pin(quorum.release_everywhere(claim)).await;
                 Ok(())

@@ -13,15 +13,12 @@ use tracing::Instrument as _;
 
 use crate::backend::Backend;
 use crate::error::{Error, InvalidInput, Result, is_outcome_unknown};
-use crate::events::Events;
-use crate::fair::{Fair, Stint};
 use crate::key::IntoKey;
 use crate::lock::{Lock, Obtained};
 use crate::mode::{self, Mode, Modes};
 use crate::observe::{Op, Progress, finished, op_span};
 use crate::options::Options;
 use crate::options::default_waiter_lease;
-use crate::policy::{self, Held, Limit, Step, Waiter, Watch};
 use crate::quorum::{Quorum, QuorumConfig};
 use crate::replication::{Replicas, Replication};
 use crate::request::{Claim, OwnedClaim, Try, Ttl};
@@ -34,6 +31,9 @@ use crate::stragglers::Stragglers;
 use crate::tasks::Tasks;
 use crate::validate;
 use crate::value::Owner;
+use crate::waiting::events::Events;
+use crate::waiting::fair::{Fair, Stint};
+use crate::waiting::policy::{self, Held, Limit, Step, Waiter, Watch};
 
 /// Obtains locks: on one Redis server ([`Client::new`], [`Client::connect`]), on a Redis
 /// Cluster (`Client::cluster`, feature `cluster`), or on a Redlock quorum of independent
@@ -714,7 +714,7 @@ where
         if self.inner.cluster {
             crate::slots::check_one_slot(keys, counter.as_deref())?;
         }
-        let fair = self.fair(keys, custom.is_none() && modes.is_none(), ttl, options)?;
+        let fair = self.fair(keys, custom.as_ref(), ttl, options)?;
         let attempt = Attempt {
             client: self,
             keys,
@@ -746,21 +746,20 @@ where
         Ok((won?, modes))
     }
 
-    /// The fair-waiting state of an obtain of `keys`, when it waits fairly (see
-    /// [`Options::fair`]): `plain` (a random token, every key exclusive), a strategy that
-    /// waits at all, release events
-    /// to hear its hand-off, one server or a cluster, and a queue for every key.
+    /// The fair-waiting state of an obtain of `keys` (by the caller's token `custom`, if
+    /// any), when it waits fairly (see [`Options::fair`]): a strategy that waits at all,
+    /// release events to hear its hand-off, one server or a cluster, and a queue for every
+    /// key.
     fn fair(
         &self,
         keys: &[String],
-        plain: bool,
+        custom: Option<&Owner>,
         ttl: Ttl,
         options: &Options,
     ) -> Result<Option<Fair>> {
         // A lease given is checked also where it does not apply.
         let given = options.waiter_lease.map(Ttl::new).transpose()?;
-        let fair = plain
-            && !options.barging
+        let fair = !options.barging
             && !matches!(options.retry, Retry::NoRetry)
             && !self.backend().is_quorum()
             && !self.events().is_empty()
@@ -772,7 +771,7 @@ where
             Some(lease) => lease,
             None => Ttl::new(default_waiter_lease(ttl.duration))?,
         };
-        Ok(Some(Fair::new(lease)))
+        Ok(Some(Fair::new(lease, custom.cloned())))
     }
 
     /// The fencing counter key, when `options` ask for fencing tokens.
@@ -843,16 +842,17 @@ where
     /// script may have locked the keys. So does dropping this future mid-flight (at the
     /// deadline, or cancelled). For a random token, release by token then, in the
     /// background: on the same connection, after the obtain. A custom token may already
-    /// have held these keys before this call, so they are left to expire with the TTL.
+    /// have held these keys before this call, so they are left to expire with the TTL (a
+    /// fair waiter's queue entry is left, by the same clean-up).
     ///
     /// `sent`: a moment before the attempt is sent, where its validity counts from.
     async fn run(&self, how: Try, sent: Instant) -> Step<Won> {
-        // A fair obtain keeps its token while it queues (see `fair.rs`).
+        // A fair obtain keeps its token while it queues (see `waiting/fair.rs`).
         let stint = self.fair.map(Fair::stint);
         if let Some(won) = self.take_handed(stint.as_ref()) {
             return Step::Done(won);
         }
-        let ticket = stint.as_ref().map(|stint| stint.sending());
+        let ticket = stint.as_ref().map(|stint| stint.sending(how.listen));
         let owner = match (self.custom, &stint) {
             (Some(owner), _) => Cow::Borrowed(owner),
             (None, Some(stint)) => Cow::Borrowed(&stint.owner),
@@ -869,8 +869,9 @@ where
             ticket: ticket.as_ref(),
         };
         let random = self.custom.is_none();
+        // A custom token's keys may be an outer lock's: only its queue entry is left.
         let mut cleanup = CleanupOnDrop {
-            attempt: random.then_some((self.client, &claim)),
+            attempt: (random || claim.ticket.is_some()).then_some((self.client, &claim)),
         };
         let (outcome, stragglers) = self.client.backend().obtain(&claim, random, how).await;
         // No intact reply: the script may or may not have run. The clean-up goes on in the

@@ -12,18 +12,18 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::error::{Error, Result};
-use crate::events::{after_queueing, release_payload};
 use crate::meter::{self, Holding, Meter};
 use crate::mode::{Mode, Modes};
 use crate::observe::{self, Op, finished, op_span};
 use crate::options::Options;
-use crate::policy::{self, Step, Waiter, Watch};
 use crate::request::{Claim, Ttl};
 use crate::shared::Shared;
 use crate::signal::LostSignal;
 use crate::slots::release_channel;
 use crate::stragglers::Stragglers;
 use crate::value::Owner;
+use crate::waiting::events::{after_queueing, release_payload};
+use crate::waiting::policy::{self, Step, Waiter, Watch};
 
 /// A lock on one or more keys, returned by [`Client::obtain`](crate::Client::obtain) and
 /// [`Client::obtain_multi`](crate::Client::obtain_multi).

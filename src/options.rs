@@ -176,15 +176,19 @@ impl Options {
     /// comes free, racing every other waiter (`false`, "barging").
     ///
     /// A fair waiter that finds a key held takes a place in the key's queue in Redis, first
-    /// come first served across every client and process. A release hands the lock straight
-    /// to the first waiter in the queue, in the same atomic step, and tells that waiter
-    /// alone; nobody races for it. A waiter for several keys queues on each, and gets them
-    /// all at once, never some. The waiter keeps its place by renewing a lease (see
-    /// [`Options::waiter_lease`]) for as long as it waits.
+    /// come first served across every client and process, whatever mode it wants the key in.
+    /// A release hands the lock straight to the first waiter in the queue (a shared key to
+    /// every reader at the head at once, a counted key to as many permit waiters as permits
+    /// came free), in the same atomic step, and tells each alone; nobody races for it. A
+    /// waiter for several keys queues on each, and gets them all at once, never some. The
+    /// waiter keeps its place by renewing a lease (see [`Options::waiter_lease`]) for as
+    /// long as it waits. A waiter with its own token ([`Options::token`]) queues too; one
+    /// that gives up only leaves its queues (the keys its token holds may be an outer
+    /// lock's): what a release handed it just before stays with its token until it expires.
     ///
     /// Fair waiting needs release events (a client from [`Client::connect`] or
-    /// [`Client::connect_cluster`]), a random token, keys that are all exclusive, and a
-    /// single server or a cluster; otherwise waiters barge as with `fair(false)`. A Redlock
+    /// [`Client::connect_cluster`]) and a single server or a cluster; otherwise waiters
+    /// barge as with `fair(false)`. A Redlock
     /// quorum always barges: a queue per master could hand the lock to different waiters on
     /// different masters. Barging gives the most throughput to waiters of one client, and
     /// none of the order.

@@ -42,7 +42,7 @@ use redis::{Cmd, Pipeline};
 use tokio::time::Instant;
 
 use crate::error::{Error, InvalidInput};
-use crate::events::lock;
+use crate::waiting::events::lock;
 
 /// How many replicas must acknowledge a lock's writes before the lock counts as obtained or
 /// refreshed (see [`Client::replicated`](crate::Client::replicated)).

@@ -42,13 +42,15 @@ pub(crate) struct Claim<'a> {
 }
 
 /// A fair waiter's place in the queues of its keys (see `lua/queue.lua`): its id, unique to
-/// one run of attempts with one token, the lease it renews while it waits, and the turn of
-/// the attempt that sends it (1, 2, ... under one id).
+/// one run of attempts with one token, the lease it renews while it waits, the turn of the
+/// attempt that sends it (1, 2, ... under one id), and where it hears its hand-off.
 #[derive(Clone, Debug)]
 pub(crate) struct Ticket {
     pub(crate) id: String,
     pub(crate) lease: Ttl,
     pub(crate) turn: u64,
+    /// The index of the key whose release channel the waiter hears its hand-off on.
+    pub(crate) listen: usize,
 }
 
 /// A release handed a fair waiter its lock, and told it so: `g<id>:<turn>:<ms>` on its
@@ -124,10 +126,14 @@ pub(crate) struct Try {
     /// Learn the holder's remaining TTL, if the lock is held, also where that costs a
     /// second round trip (the script-free single-key path).
     pub(crate) holder_ttl: bool,
-    /// The caller tries again if the lock is held: an exclusive obtain blocked by shared or
-    /// permit holders then keeps new ones out until it tries again (writers first).
+    /// The caller tries again if the lock is held and does not queue: an exclusive obtain
+    /// blocked by shared or permit holders then keeps new ones out until it tries again
+    /// (writers first; a fair waiter's place in the queue does that).
     pub(crate) retries: bool,
     /// Queue for the lock (or renew the place in its queues) if it is held: a fair waiter
     /// that listens for its hand-off. Needs the claim's ticket.
     pub(crate) queue: bool,
+    /// The index of the key on whose release channel a queued waiter hears its hand-off
+    /// (its subscription was live when the attempt was sent; see `waiting/waiter.rs`).
+    pub(crate) listen: usize,
 }

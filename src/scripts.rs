@@ -18,8 +18,8 @@ impl Lua {
     }
 }
 
-/// The line in `obtain.lua` and `release.lua` where `queue.lua` goes: after their fast paths,
-/// so that an uncontended obtain or release defines none of its functions.
+/// The line in `obtain.lua`, `release.lua` and `modes.lua` where `queue.lua` goes: after
+/// their fast paths, so that an uncontended obtain or release defines none of its functions.
 const QUEUE_GOES_HERE: &str = "-- (queue.lua goes here)\n";
 
 /// The line in every script where `owner.lua` goes: where the lock's value is known, and

@@ -45,8 +45,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{InvalidInput, Result};
-use crate::events::lock;
 use crate::replication::Replication;
+use crate::waiting::events::lock;
 
 /// The shortest time between two lookups of the primary while none can be found.
 const LOOKUP_PAUSE: Duration = Duration::from_millis(100);

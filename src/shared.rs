@@ -5,9 +5,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::Backend;
-use crate::events::Events;
 use crate::meter::Meter;
 use crate::tasks::Tasks;
+use crate::waiting::events::Events;
 
 /// The state behind a [`Client`](crate::Client), shared by its clones and its locks.
 pub(crate) struct Shared<C> {

@@ -304,11 +304,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         modes: &Modes,
         how: Try,
     ) -> Result<Written<Obtain>> {
+        // A fair waiter queues with its keys' modes (see `lua/queue.lua`).
+        let queue = claim.ticket.filter(|_| how.queue);
         let rest = (
             claim.ttl.millis,
             self.fence_arg(claim),
-            u8::from(how.mark_holder),
+            u8::from(how.mark_holder || queue.is_some()),
             u8::from(how.retries),
+            queue.map(queue_args),
         );
         let args = mode_args("obtain", modes, claim, rest);
         let (reply, acks) = self
@@ -390,7 +393,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             (
                 self.fence_arg(claim),
                 u8::from(mark_holder),
-                queue.map(|ticket| (ticket.lease.millis, ticket.id.as_str(), ticket.turn)),
+                queue.map(queue_args),
             )
         });
         let args = (claim.value, claim.ttl.millis, rest);
@@ -467,22 +470,28 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         claim: &Claim<'_>,
         payload: Option<&str>,
     ) -> Result<Holding<()>> {
-        self.release_sent(claim, payload, Sending::ByHash).await
+        self.release_sent(claim, payload, Sending::ByHash, false)
+            .await
     }
 
+    /// Releases as [`Store::release`] does; with `only_leave`, a fair waiter leaves its
+    /// queues and nothing else changes.
     async fn release_sent(
         &self,
         claim: &Claim<'_>,
         payload: Option<&str>,
         sending: Sending,
+        only_leave: bool,
     ) -> Result<Holding<()>> {
+        let only_leave = u8::from(only_leave);
         let announce = if payload.is_some() { self.announce } else { "" };
         let payload = payload.unwrap_or("");
         // A fair waiter that gives up leaves its queues by the same script.
         let leaving = claim.ticket.map_or("", |ticket| ticket.id.as_str());
         let done: i64 = match claim.modes {
             Some(modes) => {
-                let args = mode_args("release", modes, claim, (announce, payload));
+                let rest = (announce, payload, self.announce, leaving, only_leave);
+                let args = mode_args("release", modes, claim, rest);
                 self.send(&scripts::MODES, claim.keys, None, args, sending, false)
                     .await?
                     .0
@@ -493,7 +502,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 // (`announce` is PUBLISH only when `self.announce` is.)
                 let common =
                     announce == scripts::PUBLISH && payload.is_empty() && leaving.is_empty();
-                let rest = (!common).then_some((announce, payload, leaving, self.announce));
+                let rest =
+                    (!common).then_some((announce, payload, leaving, self.announce, only_leave));
                 self.send(
                     &scripts::RELEASE,
                     claim.keys,
@@ -548,7 +558,21 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// obtain and must not depend on a NOSCRIPT fallback that nobody will be waiting to run.
     /// Keys that somebody waits for are announced: the waiter marked them meanwhile.
     pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
-        self.release_sent(claim, Some(""), Sending::Whole).await
+        self.release_sent(claim, Some(""), Sending::Whole, false)
+            .await
+    }
+
+    /// The clean-up after an obtain whose caller went away or got no reply, sent as
+    /// [`Store::release_by_eval`] is: a random token releases its keys and leaves its
+    /// queues; a caller's own token only leaves its queues, since the keys it holds may be
+    /// an outer lock's (a re-obtain by the same token), which nothing but its holder may
+    /// release. What a release handed it meanwhile expires with its TTL, or is made its own
+    /// by the next obtain by that token.
+    pub(crate) async fn clean_up(&self, claim: &Claim<'_>) -> Result<()> {
+        let only_leave = claim.owner.is_custom();
+        self.release_sent(claim, Some(""), Sending::Whole, only_leave)
+            .await
+            .map(drop)
     }
 
     /// Runs `script` by EVALSHA over `keys` (then `extra_key`, if any) with `args`; when the
@@ -659,6 +683,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         });
         Ok((reply, Some(acks)))
     }
+}
+
+/// A fair waiter's queue arguments, as `obtain.lua` and `modes.lua` take them: its lease,
+/// id, turn, and the key it hears its hand-off on (Lua counts from 1).
+fn queue_args(ticket: &Ticket) -> (u64, &str, u64, usize) {
+    let listen = ticket.listen + 1;
+    (ticket.lease.millis, ticket.id.as_str(), ticket.turn, listen)
 }
 
 /// A write's reply, and when writes are replicated, how many replicas acknowledged it.

@@ -491,11 +491,10 @@ async fn modes_on_a_cluster() {
             async move { waiting.obtain(doc, ms(60_000), &slow_polling()).await }
         });
         let owner = cluster.owner_of(cluster.keyslot(&doc));
+        // A fair writer queues (a barging one would mark the key with "=x").
+        let queue = format!("{doc}:lockset:queue");
         support::eventually(ms(10_000), "the writer queued", async || {
-            !cluster
-                .cli(owner, &["ZSCORE", &doc, "=x"])
-                .trim()
-                .is_empty()
+            cluster.cli(owner, &["ZCARD", &queue]).trim() == "1"
         })
         .await;
         first.release().await.unwrap();

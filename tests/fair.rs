@@ -520,3 +520,84 @@ async fn one_release_never_hands_a_key_to_two_waiters() {
         .unwrap();
     assert_eq!(env.dbsize().await, 0);
 }
+
+/// Waiters with a caller's own token queue like waiters with random ones: in arrival order
+/// across clients, each handed the lock by the release before it.
+#[tokio::test]
+async fn waiters_with_their_own_tokens_queue_in_arrival_order() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let client = env.other_client().await;
+        let options = slow_polling().token(format!("worker-{i}"));
+        waiters.push(wait_for(&client, "job", options));
+        queued_up_to(&env, "job", i + 1).await;
+    }
+    let mut released = Instant::now();
+    held.release().await.unwrap();
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        let lock = handed(HANDED_WITHIN, waiter, "a waiter with its own token").await;
+        let value = env.get("job").await.unwrap();
+        assert!(
+            value.contains(&format!("worker-{i}")),
+            "{value}: not worker-{i}'s turn"
+        );
+        released = Instant::now();
+        lock.release().await.unwrap();
+    }
+    assert!(released.elapsed() < HANDED_WITHIN);
+    assert_eq!(env.dbsize().await, 0);
+}
+
+/// A re-obtain by a token that holds "{o}:a" (an outer lock) and waits for "{o}:b" too,
+/// queued: once b is released it has both, and a keeps the longer TTL it had. When such a
+/// waiter gives up instead, it leaves the queue, and the outer lock stays as it was.
+#[tokio::test]
+async fn a_queued_reobtain_by_token_keeps_its_outer_lock() {
+    let env = Env::start().await;
+    let token = Options::default().token("outer-token");
+    let outer = env
+        .client
+        .obtain("{o}:a", ms(60_000), &token)
+        .await
+        .unwrap();
+    let b = hold(&env, "{o}:b").await;
+    // Gives up after 500 ms: leaves the queue, and a is still the outer lock's.
+    let gave_up = env
+        .client
+        .obtain_multi(
+            ["{o}:a", "{o}:b"],
+            ms(5_000),
+            &slow_polling().token("outer-token").timeout(ms(500)),
+        )
+        .await;
+    assert!(gave_up.unwrap_err().is_deadline_exceeded());
+    eventually(ms(5_000), "the waiter left the queue", async || {
+        queued(&env, "{o}:b").await == 0
+    })
+    .await;
+    assert!(
+        outer
+            .ttl()
+            .await
+            .unwrap()
+            .is_some_and(|left| left > ms(50_000))
+    );
+    // Waits again, queued, until b is released.
+    let waiter = wait_for_keys(
+        &env.client,
+        vec!["{o}:a", "{o}:b"],
+        slow_polling().token("outer-token"),
+    );
+    queued_up_to(&env, "{o}:b", 1).await;
+    b.release().await.unwrap();
+    let both = handed(HANDED_WITHIN, waiter, "the re-obtain by token").await;
+    let a_left: i64 = env.cmd(&["PTTL", "{o}:a"]).await;
+    assert!(
+        a_left > 50_000,
+        "the outer lock's key was shortened to {a_left} ms"
+    );
+    both.release().await.unwrap();
+    assert_eq!(env.dbsize().await, 0);
+}

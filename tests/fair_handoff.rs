@@ -157,7 +157,7 @@ async fn a_queued_waiter_waits_as_long_as_its_strategy_delays() {
 // their keys expire), and half the clients behind a proxy with latency (so that the turn a
 // hand-off names was sent well before the hand-off). The checker catches two broken
 // versions: one that counts a hand-off's validity from when the notice is heard instead of
-// from the named turn's send (src/fair.rs), and one that hands a key freed by a release of
+// from the named turn's send (src/waiting/fair.rs), and one that hands a key freed by a release of
 // several keys to two waiters (lua/release.lua, `released` checked before `GET`). Each
 // holder's belief is the interval
 // from obtain's return to the earlier of its release and its validity (sampled until the

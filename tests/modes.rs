@@ -52,6 +52,16 @@ fn spawn_waiter(
     })
 }
 
+/// Waits until a writer waits for "doc" ahead of new readers: queued for it (a fair
+/// writer), or with its mark on it (a writer that does not queue).
+async fn writer_waits(env: &Env) {
+    support::eventually(ms(10_000), "the writer queued", async || {
+        let marked = env.cmd::<Option<f64>>(&["ZSCORE", "doc", "=x"]).await;
+        marked.is_some() || support::fair::queued(env, "doc").await > 0
+    })
+    .await;
+}
+
 /// The lock of `waiter`, which must have got it within [`WOKEN_WITHIN`] of `released`.
 async fn woken(waiter: Waiting, released: Instant, what: &str) -> Lock<ConnectionManager> {
     let (at, lock) = tokio::time::timeout(ms(90_000), waiter)
@@ -527,12 +537,7 @@ async fn a_waiting_writer_keeps_new_readers_out() {
         .await
         .unwrap();
     let writer = spawn_waiter(&other, "doc", WRITE, slow_polling());
-    support::eventually(ms(10_000), "the writer queued", async || {
-        env.cmd::<Option<f64>>(&["ZSCORE", "doc", "=x"])
-            .await
-            .is_some()
-    })
-    .await;
+    writer_waits(&env).await;
     let late = env.client.obtain(("doc", READ), ms(60_000), &once()).await;
     assert!(matches!(late, Err(Error::NotObtained)), "{late:?}");
     // The reader's release wakes the writer (it polls once a minute).
@@ -881,12 +886,7 @@ async fn the_last_readers_release_reaches_the_writer_behind_which_readers_queue(
         .await
         .unwrap();
     let writer = spawn_waiter(&env.client, "doc", WRITE, slow_polling());
-    support::eventually(ms(10_000), "the writer queued", async || {
-        env.cmd::<Option<f64>>(&["ZSCORE", "doc", "=x"])
-            .await
-            .is_some()
-    })
-    .await;
+    writer_waits(&env).await;
     let reader = spawn_waiter(&env.client, "doc", READ, slow_polling());
     let_waiters_sleep().await;
     near.release().await.unwrap();
@@ -1048,8 +1048,9 @@ async fn readers_between_attempt_and_sleep_still_hear_the_release() {
     }
 }
 
-/// A writer's live mark on a key that nobody holds any more keeps out every lock that
-/// writes nothing, whatever mode it asks for; a lock that writes takes the key.
+/// A (barging) writer's live mark on a key that nobody holds any more keeps out every lock
+/// that writes nothing, whatever mode it asks for; a lock that writes takes the key. (A fair
+/// writer queues instead, and leaves the queue when it gives up: tests/fair_modes.rs.)
 #[tokio::test]
 async fn a_writers_mark_keeps_out_locks_that_write_nothing_in_any_mode() {
     let env = Env::start().await;
@@ -1060,7 +1061,8 @@ async fn a_writers_mark_keeps_out_locks_that_write_nothing_in_any_mode() {
         .unwrap();
     let options = Options::default()
         .retry(Retry::linear(ms(50)))
-        .timeout(ms(200));
+        .timeout(ms(200))
+        .fair(false);
     let writer = env.client.obtain("doc", ms(30_000), &options).await;
     assert!(matches!(writer, Err(Error::DeadlineExceeded)), "{writer:?}");
     reader.release().await.unwrap();

@@ -12,7 +12,7 @@ use lockset::redis::aio::ConnectionManager;
 use lockset::{Client, Options, QuorumConfig, Retry};
 use support::masters::Masters;
 use support::proxy::Proxy;
-use support::{Env, RedisServer, eventually, ms};
+use support::{Env, client_with_events_via, eventually, ms};
 use tokio::time::{Instant, timeout};
 
 /// Polling alone would wait 15 s between attempts.
@@ -25,18 +25,6 @@ fn slow_polling() -> Options {
 /// How soon a waiter must have the lock after a release: far beyond the event path (about a
 /// millisecond), far below the polling interval.
 const WOKEN_WITHIN: Duration = Duration::from_millis(1_500);
-
-/// A client whose lock commands go straight to `server` and whose release events go
-/// through `events_url` (a proxy, to inject faults into the pub/sub connection only).
-async fn client_with_events_via(
-    server: &RedisServer,
-    events_url: &str,
-) -> Client<ConnectionManager> {
-    let direct = lockset::redis::Client::open(server.url()).unwrap();
-    let conn = ConnectionManager::new(direct).await.unwrap();
-    let events = lockset::redis::Client::open(events_url).unwrap();
-    Client::new(conn).with_release_events(events).unwrap()
-}
 
 /// Spawns an obtain of `key` on `client`; returns it with the moment it was spawned.
 fn wait_for(

@@ -11,7 +11,7 @@ use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use lockset::{Client, Options, QuorumConfig, Retry};
 use support::masters::Masters;
 use support::proxy::Proxy;
-use support::{Env, RedisServer, eventually, ms};
+use support::{Env, RedisServer, client_with_events_via, eventually, ms};
 use tokio::time::{Instant, timeout};
 
 fn slow_polling() -> Options {
@@ -34,16 +34,6 @@ async fn woken(waiter: Waiter, what: &str) -> lockset::Lock<ConnectionManager> {
     let took = released.elapsed();
     assert!(took < WOKEN_WITHIN, "{what}: woken only after {took:?}");
     lock
-}
-
-async fn client_with_events_via(
-    server: &RedisServer,
-    events_url: &str,
-) -> Client<ConnectionManager> {
-    let direct = lockset::redis::Client::open(server.url()).unwrap();
-    let conn = ConnectionManager::new(direct).await.unwrap();
-    let events = lockset::redis::Client::open(events_url).unwrap();
-    Client::new(conn).with_release_events(events).unwrap()
 }
 
 async fn marked(env: &Env, key: &str) -> bool {

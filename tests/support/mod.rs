@@ -112,6 +112,20 @@ pub async fn client_with_timeout(url: &str, timeout: Duration) -> Client<Connect
     Client::new(conn)
 }
 
+/// A client whose lock commands go straight to `server` and whose release events go
+/// through `events_url` (a proxy, to inject faults into the pub/sub connection only).
+pub async fn client_with_events_via(
+    server: &RedisServer,
+    events_url: &str,
+) -> Client<ConnectionManager> {
+    let direct = redis::Client::open(server.url()).expect("url");
+    let conn = ConnectionManager::new(direct).await.expect("connect");
+    let events = redis::Client::open(events_url).expect("url");
+    Client::new(conn)
+        .with_release_events(events)
+        .expect("release events")
+}
+
 /// A plain multiplexed connection to `server`.
 pub async fn connect(server: &RedisServer) -> MultiplexedConnection {
     connect_with(server, AsyncConnectionConfig::new()).await

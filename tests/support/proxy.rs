@@ -1,7 +1,8 @@
 //! A small TCP fault proxy on loopback, between a client and a redis-server started by the
 //! tests: it can add latency, stall, reset every connection (a real RST, `SO_LINGER` 0), cut
-//! one reply in the middle, or lose one reply whole after the server ran the command. It
-//! counts what it did, and tests wait on those counts instead of sleeping.
+//! one reply in the middle, lose one reply whole after the server ran the command, or hold
+//! back the requests that mention a given text (a SUBSCRIBE to one channel) until told to
+//! let them go. It counts what it did, and tests wait on those counts instead of sleeping.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,6 +12,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The faults currently switched on, and what the proxy did so far.
 #[derive(Default)]
@@ -23,6 +25,11 @@ struct Faults {
     cut_next_reply: AtomicBool,
     /// Forward none of the next reply chunk (the server ran the command), then reset.
     lose_next_reply: AtomicBool,
+    /// Request chunks containing this text wait (with everything behind them on their
+    /// connection) until it is cleared.
+    hold: std::sync::Mutex<Option<Vec<u8>>>,
+    /// Request chunks held back so far.
+    held: AtomicU64,
     /// Request chunks read from clients (also while stalled).
     requests: AtomicU64,
     /// Replies cut or lost.
@@ -34,6 +41,13 @@ struct Faults {
 }
 
 impl Faults {
+    /// Whether `chunk` is to be held back now.
+    fn holds(&self, chunk: &[u8]) -> bool {
+        let hold = self.hold.lock().expect("hold");
+        hold.as_ref()
+            .is_some_and(|text| chunk.windows(text.len()).any(|w| w == text.as_slice()))
+    }
+
     fn count(&self, counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();
@@ -95,6 +109,11 @@ impl Proxy {
         self.faults.latency_us.store(micros, Ordering::SeqCst);
     }
 
+    /// The latency added to every chunk now.
+    pub fn latency(&self) -> Duration {
+        Duration::from_micros(self.faults.latency_us.load(Ordering::SeqCst))
+    }
+
     /// Stops (or resumes) forwarding in both directions; connections stay open.
     pub fn stall(&self, stalled: bool) {
         self.faults.stalled.store(stalled, Ordering::SeqCst);
@@ -114,6 +133,22 @@ impl Proxy {
     /// client's connection: the client cannot know whether the command ran.
     pub fn lose_next_reply(&self) {
         self.faults.lose_next_reply.store(true, Ordering::SeqCst);
+    }
+
+    /// Holds back every request chunk that contains `text` (and what follows it on its
+    /// connection) until [`Proxy::release_held`]; counted in [`Proxy::held`].
+    pub fn hold_requests_containing(&self, text: &str) {
+        *self.faults.hold.lock().expect("hold") = Some(text.as_bytes().to_vec());
+    }
+
+    /// Lets held requests go, and holds no more.
+    pub fn release_held(&self) {
+        *self.faults.hold.lock().expect("hold") = None;
+    }
+
+    /// Request chunks held back so far.
+    pub fn held(&self) -> u64 {
+        self.faults.held.load(Ordering::SeqCst)
     }
 
     /// Request chunks read from clients so far (also those held back by a stall).
@@ -184,41 +219,72 @@ enum End {
     Reset,
 }
 
+/// Forwards what `from` sends to `to`, each chunk `latency` after it was read (chunks are
+/// delayed, not slowed: a burst takes the latency once, as on a long link), holding back
+/// or stalling or losing chunks as the faults say.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     faults: Arc<Faults>,
     replies: bool,
 ) -> End {
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let Ok(n) = from.read(&mut buffer).await else {
-            return End::Closed;
-        };
-        if n == 0 {
-            return End::Closed;
+    let (chunks, mut due) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let reading = {
+        let faults = faults.clone();
+        async move {
+            let mut buffer = vec![0u8; 64 * 1024];
+            while let Ok(n) = from.read(&mut buffer).await {
+                if n == 0 {
+                    break;
+                }
+                if !replies {
+                    faults.count(&faults.requests);
+                    if faults.holds(&buffer[..n]) {
+                        faults.count(&faults.held);
+                        while faults.holds(&buffer[..n]) {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                    }
+                }
+                let latency = Duration::from_micros(faults.latency_us.load(Ordering::SeqCst));
+                if chunks
+                    .send((Instant::now() + latency, buffer[..n].to_vec()))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            // What was read is still forwarded; then the writing side ends.
+            drop(chunks);
+            std::future::pending::<()>().await;
         }
-        if !replies {
-            faults.count(&faults.requests);
+    };
+    let writing = async move {
+        while let Some((at, chunk)) = due.recv().await {
+            // Without latency, at once (a timer rounds up to the next millisecond).
+            if at > Instant::now() {
+                tokio::time::sleep_until(at).await;
+            }
+            while faults.stalled.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            if replies && faults.lose_next_reply.swap(false, Ordering::SeqCst) {
+                faults.count(&faults.replies_lost);
+                return End::Reset;
+            }
+            if replies && faults.cut_next_reply.swap(false, Ordering::SeqCst) {
+                let _ = to.write_all(&chunk[..chunk.len() / 2]).await;
+                faults.count(&faults.replies_lost);
+                return End::Reset;
+            }
+            if to.write_all(&chunk).await.is_err() {
+                return End::Closed;
+            }
         }
-        let latency = faults.latency_us.load(Ordering::SeqCst);
-        if latency > 0 {
-            tokio::time::sleep(Duration::from_micros(latency)).await;
-        }
-        while faults.stalled.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        if replies && faults.lose_next_reply.swap(false, Ordering::SeqCst) {
-            faults.count(&faults.replies_lost);
-            return End::Reset;
-        }
-        if replies && faults.cut_next_reply.swap(false, Ordering::SeqCst) {
-            let _ = to.write_all(&buffer[..n / 2]).await;
-            faults.count(&faults.replies_lost);
-            return End::Reset;
-        }
-        if to.write_all(&buffer[..n]).await.is_err() {
-            return End::Closed;
-        }
+        End::Closed
+    };
+    tokio::select! {
+        () = reading => End::Closed,
+        end = writing => end,
     }
 }

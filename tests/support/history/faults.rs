@@ -511,9 +511,11 @@ async fn apply(
             latency,
             for_,
         } => {
+            // A proxy may have latency of its own (the single server's events proxy).
+            let before = targets.proxies[proxy].latency();
             targets.proxies[proxy].set_latency(latency);
             tokio::time::sleep(for_).await;
-            targets.proxies[proxy].set_latency(Duration::ZERO);
+            targets.proxies[proxy].set_latency(before);
         }
         Fault::Drop { proxy } => targets.proxies[proxy].drop_connections(),
         Fault::Cut { proxy } => targets.proxies[proxy].cut_next_reply(),

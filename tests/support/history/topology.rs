@@ -26,9 +26,11 @@ fn plain_pool() -> Vec<Vec<String>> {
     vec![(0..10).map(|i| format!("k{i}")).collect()]
 }
 
-/// A single-server lock client of one of three kinds: `Client::connect` (release events,
-/// redis-rs's default timeouts), a polling client, or release events with short timeouts.
-async fn server_client(url: &str, kind: usize) -> Client<ConnectionManager> {
+/// A single-server lock client of one of four kinds: `Client::connect` (release events,
+/// redis-rs's default timeouts), a polling client, release events with short timeouts, or
+/// release events over `events_url` (a proxy with latency: fair waiters whose notices come
+/// late) with short timeouts.
+async fn server_client(url: &str, kind: usize, events_url: &str) -> Client<ConnectionManager> {
     if kind == 0 {
         return Client::connect(url).await.expect("connect");
     }
@@ -39,12 +41,14 @@ async fn server_client(url: &str, kind: usize) -> Client<ConnectionManager> {
     let conn = ConnectionManager::new_with_config(redis.clone(), config)
         .await
         .expect("connect");
-    match kind {
-        1 => Client::new(conn),
-        _ => Client::new(conn)
-            .with_release_events(redis)
-            .expect("release events on a single server"),
-    }
+    let events = match kind {
+        1 => return Client::new(conn),
+        2 => redis,
+        _ => lockset::redis::Client::open(events_url).expect("url"),
+    };
+    Client::new(conn)
+        .with_release_events(events)
+        .expect("release events on a single server")
 }
 
 /// Starts `count` servers, each with a fault proxy in front.
@@ -72,20 +76,25 @@ fn url(
     }
 }
 
-/// One redis-server; clients reach it directly or through one of two proxies. A killed
+/// One redis-server; clients reach it directly or through one of two proxies. Some clients'
+/// release events come through a third proxy with 1 to 20 ms of latency (fair waiters for
+/// one key or several, of every mode, whose subscriptions and notices come late). A killed
 /// server comes back only after the longest TTL (without persistence it forgets its locks).
 pub async fn single(seed: u64) -> Setup<ConnectionManager> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5176);
     let (servers, mut proxies) = servers(1).await;
     let port = servers[0].lock().expect("server").port();
     proxies.push(Arc::new(Proxy::start(port).await));
+    let events = Arc::new(Proxy::start(port).await);
+    events.set_latency(ms(rng.random_range(1..=20)));
+    proxies.push(events.clone());
     let mut clients = Vec::new();
     for _ in 0..client_count(&mut rng) {
         let url = match rng.random_range(0..3) {
             0 => url(&servers, &proxies, 0, false),
             route => proxies[route - 1].url(),
         };
-        clients.push(server_client(&url, rng.random_range(0..3)).await);
+        clients.push(server_client(&url, rng.random_range(0..4), &events.url()).await);
     }
     Setup {
         name: "single server".to_owned(),
@@ -113,7 +122,7 @@ pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
         let mut nodes = Vec::new();
         for i in 0..servers.len() {
             let url = url(&servers, &proxies, i, rng.random_bool(0.5));
-            nodes.push(server_client(&url, kind).await);
+            nodes.push(server_client(&url, kind, &url).await);
         }
         let config = match rng.random_range(0..3) {
             0 => QuorumConfig::default(),
@@ -172,6 +181,12 @@ pub async fn cluster(seed: u64) -> Setup<lockset::redis::cluster_async::ClusterC
         .collect();
     let mut clients = Vec::new();
     for _ in 0..client_count(&mut rng) {
+        // Half the clients have release events (sharded pub/sub): their waiters queue.
+        if rng.random_bool(0.5) {
+            let client = Client::connect_cluster(cluster.urls()).await;
+            clients.push(client.expect("cluster client with release events"));
+            continue;
+        }
         let conn = lockset::redis::cluster::ClusterClient::builder(cluster.urls())
             .response_timeout(ms(300))
             .connection_timeout(ms(300))

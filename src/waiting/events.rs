@@ -164,11 +164,25 @@ struct Channel {
     grants: HashMap<Box<[u8]>, Arc<Grant>>,
 }
 
-/// Where a release's hand-off to one fair waiter lands: what it was handed, and its wake-up.
+/// Where a release's hand-off to one fair waiter lands, whichever of its channels it comes
+/// on: what it was handed, and its wake-up.
 #[derive(Default)]
-struct Grant {
+pub(crate) struct Grant {
     handed: Mutex<Option<Handed>>,
     notify: Notify,
+}
+
+impl Grant {
+    /// The hand-off told of, if any (once).
+    pub(crate) fn take(&self) -> Option<Handed> {
+        lock(&self.handed).take()
+    }
+
+    /// Completes when a hand-off is told of, or one may have been missed (a subscription
+    /// lapsed, or is back); also for one that came before this was called.
+    pub(crate) async fn notified(&self) {
+        self.notify.notified().await;
+    }
 }
 
 impl Channel {
@@ -366,13 +380,13 @@ impl Events {
     }
 
     /// Registers a waiter of `channel`, `sharing` its key (shared, or as a permit) or not,
-    /// and for a fair waiter, the id by which a hand-off names it. It listens once
-    /// [`Subscription::confirm`] says so.
+    /// and for a fair waiter, the id by which a hand-off names it and where the hand-off
+    /// lands. It listens once [`Subscription::confirm`] says so.
     pub(crate) fn subscribe(
         &self,
         channel: &str,
         sharing: bool,
-        grant: Option<&str>,
+        grant: Option<(&str, &Arc<Grant>)>,
     ) -> Subscription {
         let mut channels = lock(&self.inner.channels);
         let entry = channels.entry(channel.to_owned()).or_insert_with(|| {
@@ -395,11 +409,10 @@ impl Events {
         if entry.waiters == 1 {
             self.inner.watched.fetch_add(1, Ordering::Relaxed);
         }
-        let grant = grant.map(|id| {
-            let grant = Arc::new(Grant::default());
+        let grant = grant.map(|(id, grant)| {
             let id: Box<[u8]> = id.as_bytes().into();
             entry.grants.insert(id.clone(), grant.clone());
-            (id, grant)
+            (id, grant.clone())
         });
         Subscription {
             events: self.clone(),
@@ -788,26 +801,36 @@ pub(crate) struct Subscription {
 
 impl Subscription {
     /// Completes when a release was announced on this channel (one waiter per announcement),
-    /// when a lost subscription may have missed one, or when a release handed this (fair)
-    /// waiter the lock.
+    /// or when a lost subscription may have missed one.
     pub(crate) async fn released(&self) {
-        let granted = async {
-            match &self.grant {
-                Some((_, grant)) => grant.notify.notified().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = self.notify.notified() => self.woken.store(true, Ordering::Relaxed),
-            () = granted => {}
+        self.notify.notified().await;
+        self.woken.store(true, Ordering::Relaxed);
+    }
+
+    /// The waiter listens elsewhere now: a wake-up it did not use goes to the next waiter
+    /// of this channel.
+    pub(crate) fn pass_on(&self) {
+        if self.woken.swap(false, Ordering::Relaxed) {
+            self.notify.notify_one();
         }
     }
 
-    /// The hand-off to this (fair) waiter it was told of, if any (once).
-    pub(crate) fn handed(&self) -> Option<Handed> {
-        self.grant
-            .as_ref()
-            .and_then(|(_, grant)| lock(&grant.handed).take())
+    /// The fair waiter started over under a new id (`None`: it no longer queues): a
+    /// hand-off names that id now.
+    pub(crate) fn regrant(&mut self, id: Option<&str>) {
+        let Some((old, grant)) = self.grant.take() else {
+            return;
+        };
+        let mut channels = lock(&self.events.inner.channels);
+        let Some(entry) = channels.get_mut(&self.channel) else {
+            return;
+        };
+        entry.grants.remove(&old);
+        if let Some(id) = id {
+            let id: Box<[u8]> = id.as_bytes().into();
+            entry.grants.insert(id.clone(), grant.clone());
+            self.grant = Some((id, grant));
+        }
     }
 
     /// The waiter is about to make an attempt: wake-ups until now are for releases it sees.
@@ -836,11 +859,6 @@ impl Subscription {
             .heard
             .as_ref()
             .is_some_and(|heard| heard.too_early(&self.channel))
-    }
-
-    /// The channel this subscription listens on.
-    pub(crate) fn channel(&self) -> &str {
-        &self.channel
     }
 
     /// Whether the server has the subscription, as far as is known.

@@ -10,13 +10,10 @@ use redis::{RedisError, RetryMethod};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::events::{Events, Subscription};
-use crate::fair::Fair;
-use crate::mode::{Mode, Modes};
 use crate::observe::{Blocked, OnRetry, Progress, RetryEvent, retrying};
 use crate::request::Try;
 use crate::retry::{Retry, RetryStrategy as _};
-use crate::slots::release_channel;
+pub(crate) use crate::waiting::waiter::Waiter;
 
 /// What one attempt concluded.
 pub(crate) enum Step<T> {
@@ -57,215 +54,14 @@ impl<T> Step<T> {
     }
 }
 
-/// Waits between attempts: sleeps, and when release events are on, listens to the release
-/// channel of the key that was held (on every server that has events: one, or each master
-/// of a quorum).
-pub(crate) struct Waiter<'a> {
-    events: &'a [Events],
-    keys: &'a [String],
-    /// Each key's mode, for a lock with shared or counted keys.
-    modes: Option<&'a Modes>,
-    /// Subscriptions to the held key's channel, one per server.
-    listening: Vec<Subscription>,
-    /// The obtain's place in the key queues, when it waits fairly.
-    fair: Option<&'a Fair>,
-    /// An attempt queued: every attempt from now on queues, or renews the place.
-    queued: bool,
-    /// The id under which the subscriptions expect a hand-off (see [`Fair::id`]).
-    granted_as: Option<String>,
-}
-
-impl<'a> Waiter<'a> {
-    /// A waiter that only sleeps.
-    pub(crate) fn sleeping() -> Self {
-        Self::for_keys(&[], &[], None, None)
-    }
-
-    /// A waiter for an obtain of `keys` (in `modes`), woken by the release events of
-    /// `events`; queued for the keys when `fair`.
-    pub(crate) fn for_keys(
-        events: &'a [Events],
-        keys: &'a [String],
-        modes: Option<&'a Modes>,
-        fair: Option<&'a Fair>,
-    ) -> Self {
-        Self {
-            events,
-            keys,
-            modes,
-            listening: Vec::new(),
-            fair,
-            queued: false,
-            granted_as: None,
-        }
-    }
-
-    /// Whether the next attempt queues (or renews its place): a fair waiter that listens
-    /// for its hand-off, or queued already.
-    fn queueing(&self) -> bool {
-        self.fair.is_some() && (self.queued || self.marking())
-    }
-
-    /// When a queued waiter that listens wakes at the latest, from `now`: to renew its lease,
-    /// or when the holder's lock runs out (expiry hands nothing on).
-    fn queued_until(&self, now: Instant, held: Option<Held>) -> Option<Instant> {
-        let fair = self.fair.filter(|_| self.queued && self.listening())?;
-        let renew = now.checked_add(fair.lease() / 3);
-        let expiry = held
-            .and_then(|h| h.ttl)
-            .and_then(|ttl| now.checked_add(ttl));
-        earliest(renew, expiry)
-    }
-
-    /// Whether this waiter would share `keys[key]` (shared, or as a permit).
-    fn sharing(&self, key: usize) -> bool {
-        self.modes
-            .and_then(|modes| modes.list().get(key))
-            .is_some_and(|mode| *mode != Mode::Exclusive)
-    }
-
-    /// Subscribes to `channel`, the release channel of `keys[key]`, on every server.
-    fn subscribe(&mut self, channel: &str, key: usize) -> Vec<Subscription> {
-        let sharing = self.sharing(key);
-        self.granted_as = self.fair.map(Fair::id);
-        self.events
-            .iter()
-            .map(|events| events.subscribe(channel, sharing, self.granted_as.as_deref()))
-            .collect()
-    }
-
-    /// Before the first attempt of a single-key obtain: when this client already listens on
-    /// the key's release channel (for other waiters), joins them, so that the first attempt
-    /// marks the holder, and a failed one needs no unslept recheck: the subscription was live
-    /// before the attempt was sent, so no release after it can go unheard.
-    pub(crate) fn join_live(&mut self) {
-        let [key] = self.keys else {
-            return;
-        };
-        let channel = release_channel(key);
-        if self.events.iter().any(|events| events.is_live(channel)) {
-            self.listening = self.subscribe(channel, 0);
-        }
-    }
-
-    /// Whether the next attempt should mark the holder so that its release announces
-    /// itself: only while this waiter listens for that announcement.
-    pub(crate) fn marking(&self) -> bool {
-        !self.listening.is_empty()
-    }
-
-    /// Whether a release event can wake this waiter: some server confirmed the subscription.
-    fn listening(&self) -> bool {
-        self.listening.iter().any(Subscription::is_live)
-    }
-
-    /// Listens to the release channel of `keys[key]`, confirming the subscription no later
-    /// than `until`. True when the waiter just started listening (or listens again after the
-    /// subscription was lost): then the caller should try again at once, since the release
-    /// may have happened before the subscription took effect.
-    async fn listen_to(&mut self, key: usize, until: Option<Instant>) -> bool {
-        let Some(name) = self.keys.get(key) else {
-            return false;
-        };
-        if self.events.is_empty() {
-            return false;
-        }
-        let channel = release_channel(name);
-        // The same channel, and for a fair waiter the same id: one that started over (after
-        // an unknown outcome) is handed the lock under its new id.
-        let same = self
-            .listening
-            .first()
-            .is_some_and(|s| s.channel() == channel)
-            && self.fair.map(Fair::id) == self.granted_as;
-        if same && self.listening() {
-            // Listening on one server is enough to be woken, but not for good: where the
-            // subscription lapsed (a quorum master's connection was replaced), subscribe again
-            // in the background; while another master stays live, nobody else would.
-            for subscription in &self.listening {
-                subscription.renew();
-            }
-            return false;
-        }
-        if !same {
-            // Leave the old channel first, so that it never lingers (a wake-up this waiter
-            // did not use is passed on as it leaves).
-            self.listening.clear();
-            self.listening = self.subscribe(channel, key);
-        }
-        // Listening on one server is enough to be woken; the others keep subscribing in the
-        // background (a master that is down must not hold up the waiter).
-        let mut confirmations: futures_util::stream::FuturesUnordered<_> =
-            self.listening.iter().map(|s| s.confirm(until)).collect();
-        while let Some(confirmed) = futures_util::StreamExt::next(&mut confirmations).await {
-            if confirmed {
-                return true;
-            }
-        }
-        false
-    }
-
-    /// A release event woke this waiter, but its attempt found the lock still held. True
-    /// when it should try again at once (the release has since reached more masters).
-    fn too_early(&self) -> bool {
-        self.listening.first().is_some_and(Subscription::too_early)
-    }
-
-    /// The waiter used its wake-ups: it obtained the lock, or waits on for the same key.
-    fn used(&self) {
-        for subscription in &self.listening {
-            subscription.used();
-        }
-    }
-
-    /// An attempt is about to be made: it may take a hand-off this (fair) waiter was told of.
-    fn attempting(&self) {
-        for subscription in &self.listening {
-            subscription.attempting();
-            if let (Some(fair), Some(handed)) = (self.fair, subscription.handed()) {
-                fair.handed(handed);
-            }
-        }
-    }
-
-    /// Waits until `until` (forever when `None`) or a release event; true when woken by
-    /// the event (also one that came since the last attempt, for a waiter that would share
-    /// the key).
-    async fn wait(&self, until: Option<Instant>) -> bool {
-        if self.listening.iter().any(Subscription::missed_a_wake_up) {
-            return true;
-        }
-        let sleep = async {
-            match until {
-                Some(until) => tokio::time::sleep_until(until).await,
-                None => std::future::pending().await,
-            }
-        };
-        let released = async {
-            match self.listening.as_slice() {
-                [] => std::future::pending().await,
-                [one] => one.released().await,
-                many => {
-                    let each = many.iter().map(|s| Box::pin(s.released()));
-                    futures_util::future::select_all(each).await;
-                }
-            }
-        };
-        tokio::select! {
-            () = released => true,
-            () = sleep => false,
-        }
-    }
-}
-
 /// Runs `attempt` until it is done, fails for good, the strategy gives up, or the deadline
 /// passes. Between attempts, waits for the strategy's next delay, cut short by a release
 /// event or the holder's expiry; never waits past the deadline.
 ///
 /// Every attempt after the first takes one delay from the strategy and happens before the
-/// deadline, also the one made at once after starting to listen for release events; and
-/// never two such unslept attempts in a row, so that a waiter whose blocking key keeps
-/// changing cannot spin.
+/// deadline, also the one made at once after starting to listen for release events (see
+/// `waiter.rs`: at most one per key, and one per lapse of a subscription, so that a waiter
+/// whose blocking key keeps changing cannot spin).
 pub(crate) async fn run<T, F, Fut>(
     retry: &Retry,
     limit: Limit,
@@ -283,7 +79,6 @@ where
     let mut first = Some(start);
     let mut backoff = retry.backoff().peekable();
     waiter.join_live();
-    let mut rechecked = false;
     // The last wait ended with a release event.
     let mut woken = false;
     // Time a queued waiter drew from the strategy and has not slept yet.
@@ -291,15 +86,17 @@ where
     loop {
         // When this attempt is sent, at the earliest.
         let sending = first.take().unwrap_or_else(Instant::now);
+        waiter.attempting();
         let how = Try {
             mark_holder: waiter.marking(),
             // Nothing but the holder's expiry can wake a waiter that cannot listen.
             holder_ttl: waiter.events.is_empty(),
-            retries: backoff.peek().is_some(),
+            // A fair waiter's place in the queues keeps readers out instead of a mark.
+            retries: backoff.peek().is_some() && !waiter.is_fair(),
             queue: waiter.queueing(),
+            listen: waiter.listen_key(),
         };
         watch.attempts += 1;
-        waiter.attempting();
         // Pinned here, where it is made, and only while it runs.
         let step = {
             let attempt = pin!(attempt(how, sending));
@@ -320,12 +117,12 @@ where
             Step::Stop(err) => return Err(err),
             Step::Again(err) => (err, None),
             Step::Held(held) => {
-                waiter.queued |= held.queued;
+                waiter.held(held);
                 (Error::NotObtained, Some(held))
             }
         };
         let now = Instant::now();
-        let queued_until = waiter.queued_until(now, held);
+        let queued_until = queued_until(waiter.queued_lease(), now, held);
         // A queued waiter may still have time it drew and did not sleep.
         let Some(mut delay) = backoff
             .next()
@@ -368,21 +165,17 @@ where
         // Confirming a subscription takes no longer than this waiter would sleep anyway.
         if let Some(held) = held
             && waiter.listen_to(held.key, until).await
-            && !rechecked
         {
             if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                 return Err(at_deadline(failure));
             }
-            rechecked = true;
             watch.retrying(&failure, Some(held), Duration::ZERO);
             continue;
         }
-        rechecked = false;
         // Waiting on, still for this key (or another, whose subscription took over): any
         // wake-up so far was used by the attempt that just failed.
         waiter.used();
-        let listening = waiter.listening();
-        if !listening
+        if !waiter.hears()
             && wake
                 .zip(deadline)
                 .is_some_and(|(wake, deadline)| wake >= deadline)
@@ -490,6 +283,17 @@ fn draw(backoff: &mut impl Iterator<Item = Duration>, first: Duration, want: Dur
         }
     }
     total
+}
+
+/// When a queued waiter that hears its hand-off (its lease `lease`) wakes at the latest,
+/// from `now`: to renew its lease, or when the holder's lock runs out (expiry hands
+/// nothing on).
+fn queued_until(lease: Option<Duration>, now: Instant, held: Option<Held>) -> Option<Instant> {
+    let renew = now.checked_add(lease? / 3);
+    let expiry = held
+        .and_then(|h| h.ttl)
+        .and_then(|ttl| now.checked_add(ttl));
+    earliest(renew, expiry)
 }
 
 /// The earlier of two optional instants (`None`: never).

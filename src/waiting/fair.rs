@@ -3,8 +3,10 @@
 //! A fair obtain keeps one token for all its attempts, so that a release can hand the lock
 //! to the value it queued with, and an id that names its queue entries and the hand-off
 //! notice. Both change only after an attempt whose outcome is unknown (its clean-up, in the
-//! background, releases and leaves by the old token and id, and must not touch the new).
-//! An obtain that ends without the lock leaves its queues, also when it is cancelled.
+//! background, releases and leaves by the old token and id, and must not touch the new);
+//! a caller's own token never changes (only the id does, and the clean-up only leaves the
+//! queues: the keys the token holds may be an outer lock's, see `client.rs`). An obtain
+//! that ends without the lock leaves its queues, also when it is cancelled.
 //!
 //! A hand-off notice is the lock: the obtain takes it without sending anything. Its validity
 //! counts from the send of the attempt the notice names (the last to queue or renew the
@@ -17,9 +19,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::events::{lock, release_payload};
 use crate::request::{Claim, Handed, OwnedClaim, Ticket, Ttl};
 use crate::value::Owner;
+use crate::waiting::events::{lock, release_payload};
 
 /// How many of a stint's latest attempts it remembers the send time of: a hand-off names
 /// the last one that queued or renewed it, which is one of the latest (attempts are made
@@ -36,17 +38,19 @@ pub(crate) struct Stint {
 }
 
 impl Stint {
-    fn new(lease: Ttl) -> Arc<Self> {
+    /// A stint by the caller's token `custom`, else by a fresh random one.
+    fn new(lease: Ttl, custom: Option<&Owner>) -> Arc<Self> {
         Arc::new(Self {
-            owner: Owner::random(),
+            owner: custom.cloned().unwrap_or_else(Owner::random),
             id: release_payload(),
             lease,
             sent: Mutex::new(VecDeque::with_capacity(REMEMBERED_TURNS)),
         })
     }
 
-    /// The ticket of an attempt sent now: the next turn, whose send time is remembered.
-    pub(crate) fn sending(&self) -> Ticket {
+    /// The ticket of an attempt sent now, which names `listen`'s channel for the hand-off:
+    /// the next turn, whose send time is remembered.
+    pub(crate) fn sending(&self, listen: usize) -> Ticket {
         let mut sent = lock(&self.sent);
         let turn = sent.back().map_or(1, |(turn, _)| turn + 1);
         if sent.len() == REMEMBERED_TURNS {
@@ -57,6 +61,7 @@ impl Stint {
             id: self.id.clone(),
             lease: self.lease,
             turn,
+            listen,
         }
     }
 
@@ -76,6 +81,8 @@ impl Stint {
 /// The fair-waiting state of one obtain call.
 pub(crate) struct Fair {
     lease: Ttl,
+    /// The caller's own token, which every stint keeps.
+    custom: Option<Owner>,
     stint: Mutex<Arc<Stint>>,
     /// The claim of the last stint that queued, until the obtain wins: it leaves its queues
     /// (and releases what it was handed) when the obtain ends without the lock.
@@ -85,10 +92,13 @@ pub(crate) struct Fair {
 }
 
 impl Fair {
-    pub(crate) fn new(lease: Ttl) -> Self {
+    /// The state of an obtain whose queue entries last `lease` without renewal, by the
+    /// caller's token `custom` (else a random one per stint).
+    pub(crate) fn new(lease: Ttl, custom: Option<Owner>) -> Self {
         Self {
             lease,
-            stint: Mutex::new(Stint::new(lease)),
+            stint: Mutex::new(Stint::new(lease, custom.as_ref())),
+            custom,
             queued: Mutex::new(None),
             handed: Mutex::new(None),
         }
@@ -124,7 +134,7 @@ impl Fair {
     pub(crate) fn start_over(&self, stint: &Arc<Stint>) {
         let mut current = lock(&self.stint);
         if Arc::ptr_eq(&current, stint) {
-            *current = Stint::new(self.lease);
+            *current = Stint::new(self.lease, self.custom.as_ref());
         }
     }
 
