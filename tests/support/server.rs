@@ -2,8 +2,8 @@
 //! with persistence off, stopped when dropped. Never touches a server it did not start.
 //!
 //! `LOCKSET_REDIS_SERVER` names the `redis-server` binary to run (default: the one on `PATH`),
-//! so the suite runs against any version; `redis-cli` is taken from beside it when there is
-//! one there.
+//! so the suite runs against any version of Redis or Valkey; the command line client is taken
+//! from beside it when there is one there (`valkey-cli` beside `valkey-server`).
 
 #![allow(dead_code, unreachable_pub)]
 use std::io::{Read as _, Write as _};
@@ -336,6 +336,19 @@ pub fn server_binary() -> std::path::PathBuf {
     }
 }
 
+/// Whether `info`, a replica's `INFO replication`, says it loaded its primary's data and
+/// follows its stream (`master_link_status:up`). Only then does it acknowledge writes: a
+/// primary lists a replica as `state=online` sooner on Valkey 9, while the replica still
+/// loads, and WAIT then counts none for about a second.
+pub fn is_synced_replica(info: &str) -> bool {
+    info.contains("role:slave") && info.contains("master_link_status:up")
+}
+
+/// Whether the replica at `port` is in sync (see [`is_synced_replica`]).
+pub fn replica_in_sync(port: u16) -> bool {
+    is_synced_replica(&cli(port, &["INFO", "replication"]))
+}
+
 /// Runs a command on the server at `port` with redis-cli and returns its raw output.
 pub fn cli(port: u16, args: &[&str]) -> String {
     cli_as(port, None, args)
@@ -352,10 +365,17 @@ pub fn cli_as(port: u16, password: Option<&str>, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// The `redis-cli` beside [`server_binary`], else the one on `PATH`.
+/// The command line client beside [`server_binary`] (`valkey-cli` beside `valkey-server`,
+/// `redis-cli` beside `redis-server`), else the `redis-cli` on `PATH` (a server package may
+/// ship none; any recent one builds a cluster of any server).
 pub fn cli_binary() -> std::path::PathBuf {
     let server = server_binary();
-    let beside = server.with_file_name("redis-cli");
+    let name = server.file_name().and_then(|name| name.to_str()).unwrap_or("");
+    let cli = match name.strip_suffix("-server") {
+        Some(prefix) => format!("{prefix}-cli"),
+        None => "redis-cli".to_owned(),
+    };
+    let beside = server.with_file_name(cli);
     if server
         .parent()
         .is_some_and(|dir| !dir.as_os_str().is_empty())
