@@ -789,7 +789,7 @@ async fn replicated_primary() -> (redis::Client, [server::RedisServer; 2]) {
     let primary = server::RedisServer::start_with(None, &at_once);
     let port = primary.port().to_string();
     let replica = server::RedisServer::start_with(None, &["--replicaof", "127.0.0.1", &port]);
-    while !server::cli(primary.port(), &["INFO", "replication"]).contains("state=online") {
+    while !server::replica_in_sync(replica.port()) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let client = redis::Client::open(primary.url()).expect("url");

@@ -669,9 +669,9 @@ async fn a_quorum_of_replicated_masters() {
             RedisServer::start_with(None, &["--replicaof", "127.0.0.1", &m.port().to_string()])
         })
         .collect();
-    for master in &masters {
+    for replica in &replicas {
         support::eventually(ms(10_000), "replica in sync", async || {
-            support::server::cli(master.port(), &["INFO", "replication"]).contains("state=online")
+            support::server::replica_in_sync(replica.port())
         })
         .await;
     }
