@@ -92,6 +92,7 @@ mod guard;
 mod key;
 mod lock;
 mod mode;
+mod native;
 mod observe;
 mod options;
 mod policy;

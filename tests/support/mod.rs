@@ -213,6 +213,13 @@ pub fn bundled(script: &str) -> String {
         )
 }
 
+/// Says, past the test harness's capture (so it shows in every run), that `test` checks less
+/// than it could on this server, and why: a server without a command the test needs.
+pub fn skipping(test: &str, why: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }

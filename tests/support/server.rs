@@ -349,6 +349,30 @@ pub fn replica_in_sync(port: u16) -> bool {
     is_synced_replica(&cli(port, &["INFO", "replication"]))
 }
 
+/// The lock primitives the server at `port` has as commands, by its own word (`COMMAND
+/// INFO`, `COMMAND DOCS`): what the library should find, asked independently of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Natives {
+    /// Its compare-and-delete: `Some("delifeq")` (Valkey 9.0+), `Some("delex")` (Redis
+    /// 8.4+), or `None`.
+    pub delete: Option<&'static str>,
+    /// Whether `SET` takes `IFEQ` (Valkey 8.1+, Redis 8.4+).
+    pub set_ifeq: bool,
+}
+
+/// What the server at `port` has natively (see [`Natives`]).
+pub fn natives(port: u16) -> Natives {
+    let knows = |command: &str| !cli(port, &["COMMAND", "INFO", command]).trim().is_empty();
+    let delete = ["delifeq", "delex"]
+        .into_iter()
+        .find(|command| knows(command));
+    let docs = cli(port, &["COMMAND", "DOCS", "SET"]);
+    Natives {
+        delete,
+        set_ifeq: docs.lines().any(|line| line.trim() == "IFEQ"),
+    }
+}
+
 /// Runs a command on the server at `port` with redis-cli and returns its raw output.
 pub fn cli(port: u16, args: &[&str]) -> String {
     cli_as(port, None, args)
@@ -370,7 +394,10 @@ pub fn cli_as(port: u16, password: Option<&str>, args: &[&str]) -> String {
 /// ship none; any recent one builds a cluster of any server).
 pub fn cli_binary() -> std::path::PathBuf {
     let server = server_binary();
-    let name = server.file_name().and_then(|name| name.to_str()).unwrap_or("");
+    let name = server
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("");
     let cli = match name.strip_suffix("-server") {
         Some(prefix) => format!("{prefix}-cli"),
         None => "redis-cli".to_owned(),
