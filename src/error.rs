@@ -501,6 +501,13 @@ pub enum InvalidInput {
     /// `WAITAOF` asked for, but the server does not know it (before Redis 7.2).
     #[error("invalid input: the server has no WAITAOF (Redis 7.2 or Valkey needed)")]
     NoWaitAof,
+    /// TLS settings that cannot work: a certificate or key file that cannot be read, or
+    /// holds no certificate or key (see [`Tls`](crate::Tls), feature `tls`).
+    #[error("invalid input: TLS: {reason}")]
+    Tls {
+        /// What is wrong, naming the file.
+        reason: String,
+    },
     /// A Sentinel client without sentinels.
     #[error("invalid input: a Sentinel client needs at least one sentinel")]
     NoSentinels,

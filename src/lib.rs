@@ -71,6 +71,7 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `cluster` | `Client::cluster` over redis-rs's `cluster_async::ClusterConnection` (enables `redis/cluster-async`), the cross-slot check, `slot_number` |
+//! | `tls` | `rediss://` URLs over rustls (enables `redis/tokio-rustls-comp`): the system's roots by default; `Tls` for a private CA and client certificates, `Client::connect_with_tls`, `SentinelConfig::tls` |
 
 // No panics and no printing in the library itself; tests, examples and test support may.
 #![warn(
@@ -108,6 +109,8 @@ mod slots;
 mod store;
 mod stragglers;
 mod tasks;
+#[cfg(feature = "tls")]
+mod tls;
 mod validate;
 mod value;
 
@@ -127,6 +130,8 @@ pub use signal::LostSignal;
 #[cfg(feature = "cluster")]
 pub use slots::slot_number;
 pub use slots::{fencing_key_for, release_channel};
+#[cfg(feature = "tls")]
+pub use tls::Tls;
 pub use validate::{MAX_KEYS, MAX_TTL};
 pub use value::parse_value;
 

@@ -505,12 +505,28 @@ fn at_deadline(failure: Error) -> Error {
 }
 
 /// Errors that say nothing about the lock itself: the connection, a timeout, a busy or
-/// failing-over server. A refused login is not one: trying again until the deadline would
-/// only hide a wrong password.
+/// failing-over server. A refused login or certificate is not one (see [`is_refusal`]).
 pub(crate) fn is_transient(err: &RedisError) -> bool {
-    let login = err.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"));
-    !login && (err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry))
+    !is_refusal(err) && (err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry))
+}
+
+/// Whether the server refused who we are, or we refused who it is: a wrong password or user,
+/// missing permissions, a certificate not trusted (or ours not accepted). Trying again until
+/// a deadline would only hide a setting to fix.
+pub(crate) fn is_refusal(err: &RedisError) -> bool {
+    err.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        || is_tls_refusal(err)
+}
+
+#[cfg(feature = "tls")]
+fn is_tls_refusal(err: &RedisError) -> bool {
+    crate::tls::is_refusal(err)
+}
+
+#[cfg(not(feature = "tls"))]
+fn is_tls_refusal(_: &RedisError) -> bool {
+    false
 }
 
 #[cfg(test)]
