@@ -174,23 +174,19 @@ pub(crate) fn provide_crypto() {
 
 /// Whether `err` is a TLS handshake that failed: the server's certificate not trusted (an
 /// unknown CA, another host name, expired), or ours refused or missing (an alert from the
-/// server). rustls reports these inside the I/O error redis-rs wraps.
+/// server). rustls reports these inside the I/O error redis-rs keeps (in an `Arc`; the I/O
+/// error's own `source` skips the rustls error, so the chain is not enough).
 pub(crate) fn is_refusal(err: &redis::RedisError) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
-    while let Some(cause) = source {
-        if cause.downcast_ref::<rustls::Error>().is_some() {
-            return true;
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>()
-            && io
-                .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-        {
-            return true;
-        }
-        source = cause.source();
-    }
-    false
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let Some(source) = std::error::Error::source(err) else {
+        return false;
+    };
+    let io = match source.downcast_ref::<Shared>() {
+        Some(shared) => shared.downcast_ref::<std::io::Error>(),
+        None => source.downcast_ref::<std::io::Error>(),
+    };
+    io.and_then(std::io::Error::get_ref)
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
 }
 
 /// Checks that `pem` holds at least one certificate.
@@ -236,6 +232,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+    }
+
+    #[test]
+    fn a_rejected_certificate_is_a_refusal() {
+        let rustls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls);
+        assert!(is_refusal(&redis::RedisError::from(io)));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!is_refusal(&redis::RedisError::from(reset)));
     }
 
     #[test]

@@ -8,6 +8,8 @@ pub mod masters;
 pub mod proxy;
 pub mod sentinel;
 pub mod server;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::time::Duration;
 

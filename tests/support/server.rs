@@ -140,6 +140,12 @@ impl RedisServer {
         panic!("no cluster node started on any of 10 free ports");
     }
 
+    /// One try to start a server on a free port with `extra` arguments: `None` when it did
+    /// not come up (the port was taken meanwhile, or the server refuses the arguments).
+    pub fn try_start_with_args(extra: &[&str]) -> Option<Self> {
+        Self::try_start_with(free_port(), extra, None)
+    }
+
     fn try_start_on(port: u16) -> Option<Self> {
         Self::try_start_with(port, &[], None)
     }
@@ -427,7 +433,7 @@ fn private_dir(port: u16) -> PathBuf {
     path
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
