@@ -139,7 +139,9 @@ impl Tls {
         redis::Client::build_with_tls(info, self.certificates())
     }
 
-    fn certificates(&self) -> TlsCertificates {
+    /// These settings as redis-rs takes them: for a cluster client of your own
+    /// (`ClusterClientBuilder::certs`), say.
+    pub fn certificates(&self) -> TlsCertificates {
         TlsCertificates {
             client_tls: self.client.as_ref().map(|(cert, key)| ClientTlsConfig {
                 client_cert: cert.clone(),

@@ -298,7 +298,12 @@ async fn a_primary_cut_off_from_its_replicas_loses_only_unreplicated_locks() {
         .obtain("cut", ms(60_000), &options)
         .await
         .expect("the lock the failover lost is free at once");
-    assert!(doomed.ttl().await.unwrap().is_none());
+    // The plain client's first request may still meet its connection to the dead primary
+    // (broken pipe) before it follows the new one.
+    support::eventually(ms(10_000), "the plain holder sees its loss", async || {
+        doomed.ttl().await.is_ok_and(|left| left.is_none())
+    })
+    .await;
     second.release().await.unwrap();
 }
 

@@ -6,8 +6,8 @@
 mod support;
 
 use lockset::{Client, Error, InvalidInput, Options, Replication, Retry, SentinelConfig, Tls};
+use support::ms;
 use support::tls::{Certs, TlsServer, skip};
-use support::{RedisServer, ms};
 use tokio::time::Instant;
 
 fn trusting(certs: &Certs) -> Tls {
@@ -169,19 +169,7 @@ async fn sentinel_and_primary_over_tls() {
     let Some(primary) = TlsServer::start(&certs, false, &[]) else {
         return skip("sentinel_and_primary_over_tls");
     };
-    let sentinel_tls = support::server::free_port();
-    let mut config = format!(
-        "sentinel monitor m 127.0.0.1 {} 1\nsentinel down-after-milliseconds m 1000\ntls-replication yes\n",
-        primary.tls_port
-    );
-    for pair in certs.server_args(sentinel_tls, false).chunks(2) {
-        config.push_str(&format!(
-            "{} {}\n",
-            pair[0].trim_start_matches("--"),
-            pair[1]
-        ));
-    }
-    let sentinel = RedisServer::start_sentinel(&config);
+    let (sentinel, sentinel_tls) = primary.sentinel(&certs, "m");
     let sentinels = [format!("rediss://127.0.0.1:{sentinel_tls}/")];
     let config = SentinelConfig::new(sentinels, "m")
         .unwrap()

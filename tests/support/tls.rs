@@ -162,6 +162,25 @@ impl TlsServer {
     pub fn url(&self, login: &str) -> String {
         format!("rediss://{login}127.0.0.1:{}/", self.tls_port)
     }
+
+    /// A sentinel that watches this server, by its TLS port and over TLS, as master `name`,
+    /// and listens over TLS itself: it and its TLS port.
+    pub fn sentinel(&self, certs: &Certs, name: &str) -> (RedisServer, u16) {
+        let tls_port = super::server::free_port();
+        let mut config = format!(
+            "sentinel monitor {name} 127.0.0.1 {} 1\nsentinel down-after-milliseconds {name} 1000\n\
+             tls-replication yes\n",
+            self.tls_port
+        );
+        for pair in certs.server_args(tls_port, false).chunks(2) {
+            config.push_str(&format!(
+                "{} {}\n",
+                pair[0].trim_start_matches("--"),
+                pair[1]
+            ));
+        }
+        (RedisServer::start_sentinel(&config), tls_port)
+    }
 }
 
 /// Whether the server binary refuses the TLS options `args` as such (built without TLS:
