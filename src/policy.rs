@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::{RedisError, RetryMethod};
 use tokio::time::Instant;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, NodeFailure, Result};
 use crate::events::{Events, Subscription};
 use crate::fair::Fair;
 use crate::mode::{Mode, Modes};
@@ -45,13 +45,30 @@ pub(crate) struct Held {
 impl<T> Step<T> {
     /// Classifies an attempt's error: transient Redis errors, a Redlock majority missed
     /// because of failing masters, and a write too few replicas acknowledged are worth
-    /// another attempt.
+    /// another attempt. A quorum whose majority is out of reach because masters refuse the
+    /// login (or the certificate) is not: no retry changes a setting.
     pub(crate) fn from_error(err: Error) -> Self {
         match &err {
             Error::Redis(redis) | Error::UnknownOutcome(redis) if is_transient(redis) => {
                 Self::Again(err)
             }
-            Error::Quorum { .. } | Error::NotReplicated { .. } => Self::Again(err),
+            Error::Quorum {
+                nodes,
+                needed,
+                failures,
+                ..
+            } => {
+                let refusing = failures
+                    .iter()
+                    .filter(|(_, failure)| matches!(failure, NodeFailure::Redis(redis) if is_refusal(redis)))
+                    .count();
+                if nodes.saturating_sub(refusing) < *needed {
+                    Self::Stop(err)
+                } else {
+                    Self::Again(err)
+                }
+            }
+            Error::NotReplicated { .. } => Self::Again(err),
             _ => Self::Stop(err),
         }
     }
