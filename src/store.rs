@@ -486,6 +486,27 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         claim: &Claim<'_>,
         payload: Option<&str>,
     ) -> Result<Holding<()>> {
+        // A fair waiter that gives up leaves its queues by the script.
+        if claim.modes.is_none()
+            && claim.ticket.is_none()
+            && let [key] = claim.keys
+            && self.delete_natively(key, claim.value).await?
+        {
+            return Ok(Holding::Ours(()));
+        }
+        self.release_sent(claim, payload, Sending::ByHash).await
+    }
+
+    /// As [`Store::release`], by script alone: for a Redlock quorum's masters. A release there
+    /// is one command per master, so that a waiter of the same client, woken by another
+    /// master's announcement, sends its next attempt to this master behind the delete (one
+    /// connection answers in order). A native delete that finds a waiter's mark would leave
+    /// that gap before its script, and the waiter would find the lock still held there.
+    pub(crate) async fn release_by_script(
+        &self,
+        claim: &Claim<'_>,
+        payload: Option<&str>,
+    ) -> Result<Holding<()>> {
         self.release_sent(claim, payload, Sending::ByHash).await
     }
 
@@ -499,16 +520,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         let payload = payload.unwrap_or("");
         // A fair waiter that gives up leaves its queues by the same script.
         let leaving = claim.ticket.map_or("", |ticket| ticket.id.as_str());
-        // A clean-up (sent whole) is left to the script: the keys were likely marked by
-        // then, and it must not wait on a second round trip.
-        if sending == Sending::ByHash
-            && claim.modes.is_none()
-            && leaving.is_empty()
-            && let [key] = claim.keys
-            && self.delete_natively(key, claim.value).await?
-        {
-            return Ok(Holding::Ours(()));
-        }
         let done: i64 = match claim.modes {
             Some(modes) => {
                 let args = mode_args("release", modes, claim, (announce, payload));
