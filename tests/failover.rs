@@ -10,7 +10,7 @@ use std::time::Duration;
 use lockset::redis::AsyncCommands as _;
 use lockset::{Client, Error, InvalidInput, Options, Replication, Retry, SentinelConfig};
 use support::ms;
-use support::sentinel::{FAILOVER_WITHIN, Failover, MASTER};
+use support::sentinel::{Failover, MASTER};
 use tokio::time::Instant;
 
 /// A raw connection to data node `index` of `failover`.
@@ -511,7 +511,10 @@ async fn a_replicated_lock_survives_a_cluster_shard_failover() {
             .find_owner_of(slot)
             .is_none_or(|owner| owner == master)
         {
-            assert!(start.elapsed() < FAILOVER_WITHIN, "no replica took over");
+            assert!(
+                start.elapsed() < support::sentinel::FAILOVER_WITHIN,
+                "no replica took over"
+            );
             tokio::time::sleep(ms(50)).await;
         }
         // A second client, which learns the new slot map as it connects.
