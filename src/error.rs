@@ -312,11 +312,14 @@ fn refused(failures: &[(usize, NodeFailure)]) -> bool {
 }
 
 /// Errors of the connection, not of the command: nothing reached Redis, or no answer came.
+/// A TLS handshake that failed over a certificate is an I/O error too, but not one of these:
+/// a setting to fix (see `policy::is_refusal`).
 pub(crate) fn is_unreachable(err: &redis::RedisError) -> bool {
-    err.is_timeout()
+    (err.is_timeout()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
-        || err.is_io_error()
+        || err.is_io_error())
+        && !crate::policy::is_refusal(err)
 }
 
 /// The server answered that it cannot serve the request now: it is no longer the primary,
