@@ -8,7 +8,6 @@
 
 mod support;
 
-use lockset::redis::aio::ConnectionManager;
 use lockset::{Client, Options, QuorumConfig, Retry};
 use support::{RedisServer, ms};
 use tokio::time::Instant;
@@ -36,41 +35,6 @@ fn assert_refused(err: &lockset::Error) {
     );
 }
 
-/// A waiter on `client` is woken by the release of a lock `holder` holds on `key`: release
-/// events log in as the lock connection does.
-async fn waiter_wakes(
-    holder: &Client<ConnectionManager>,
-    client: &Client<ConnectionManager>,
-    key: &str,
-) {
-    let lock = holder
-        .obtain(key, ms(30_000), &Options::default())
-        .await
-        .unwrap();
-    let waiting = tokio::spawn({
-        let client = client.clone();
-        let key = key.to_owned();
-        async move {
-            // It polls only every 20 s: only the release event wakes it in time.
-            let options = Options::default()
-                .retry(Retry::linear(ms(20_000)))
-                .timeout(ms(30_000));
-            client.obtain(&key, ms(5_000), &options).await
-        }
-    });
-    tokio::time::sleep(ms(300)).await;
-    let released = Instant::now();
-    lock.release().await.unwrap();
-    waiting
-        .await
-        .unwrap()
-        .expect("woken")
-        .release()
-        .await
-        .unwrap();
-    assert!(released.elapsed() < ms(5_000), "{:?}", released.elapsed());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_or_an_acl_user_in_the_url_locks_and_wakes_waiters() {
     let server = RedisServer::start_with(None, &["--requirepass", "s3cret"]);
@@ -85,7 +49,7 @@ async fn a_password_or_an_acl_user_in_the_url_locks_and_wakes_waiters() {
         let url = format!("redis://{login}127.0.0.1:{port}/");
         let holder = Client::connect(&url).await.unwrap();
         let client = Client::connect(&url).await.unwrap();
-        waiter_wakes(&holder, &client, "k").await;
+        support::a_release_wakes(&holder, &client, "k").await;
     }
 
     for login in [":wrong@", "app:wrong@", "nobody:s3cret@"] {
@@ -187,25 +151,7 @@ async fn a_cluster_with_a_password_locks_and_refuses_a_wrong_one_at_once() {
             .collect()
     };
     let client = Client::connect_cluster(urls("pw")).await.unwrap();
-    let lock = client
-        .obtain("{c}:a", ms(30_000), &Options::default())
-        .await
-        .unwrap();
-    let waiting = tokio::spawn({
-        let client = client.clone();
-        async move {
-            let options = Options::default()
-                .retry(Retry::linear(ms(20_000)))
-                .timeout(ms(30_000));
-            client.obtain("{c}:a", ms(5_000), &options).await
-        }
-    });
-    tokio::time::sleep(ms(300)).await;
-    let released = Instant::now();
-    lock.release().await.unwrap();
-    let theirs = waiting.await.unwrap().expect("woken");
-    assert!(released.elapsed() < ms(5_000), "{:?}", released.elapsed());
-    theirs.release().await.unwrap();
+    support::a_release_wakes(&client, &client, "{c}:a").await;
 
     let started = Instant::now();
     let err = Client::connect_cluster(urls("wrong")).await.unwrap_err();

@@ -139,24 +139,7 @@ async fn a_password_over_tls() {
     let client = Client::connect_with_tls(&server.url(":s3cret@"), &trusting(&certs))
         .await
         .unwrap();
-    let lock = client
-        .obtain("pw", ms(30_000), &Options::default())
-        .await
-        .unwrap();
-    let waiting = tokio::spawn({
-        let client = client.clone();
-        async move {
-            let options = Options::default()
-                .retry(Retry::linear(ms(20_000)))
-                .timeout(ms(30_000));
-            client.obtain("pw", ms(5_000), &options).await
-        }
-    });
-    tokio::time::sleep(ms(300)).await;
-    let released = Instant::now();
-    lock.release().await.unwrap();
-    waiting.await.unwrap().unwrap().release().await.unwrap();
-    assert!(released.elapsed() < ms(5_000), "{:?}", released.elapsed());
+    support::a_release_wakes(&client, &client, "pw").await;
 
     let err = Client::connect_with_tls(&server.url(":wrong@"), &trusting(&certs))
         .await
@@ -179,23 +162,6 @@ async fn sentinel_and_primary_over_tls() {
         .replication(Replication::none())
         .tls(trusting(&certs));
     let client = Client::connect_sentinel(config).await.unwrap();
-    let lock = client
-        .obtain("s", ms(30_000), &Options::default())
-        .await
-        .unwrap();
-    let waiting = tokio::spawn({
-        let client = client.clone();
-        async move {
-            let options = Options::default()
-                .retry(Retry::linear(ms(20_000)))
-                .timeout(ms(30_000));
-            client.obtain("s", ms(5_000), &options).await
-        }
-    });
-    tokio::time::sleep(ms(300)).await;
-    let released = Instant::now();
-    lock.release().await.unwrap();
-    waiting.await.unwrap().unwrap().release().await.unwrap();
-    assert!(released.elapsed() < ms(5_000), "{:?}", released.elapsed());
+    support::a_release_wakes(&client, &client, "s").await;
     drop(sentinel);
 }
