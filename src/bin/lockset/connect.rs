@@ -182,15 +182,16 @@ pub(crate) fn plan(
     tls: Option<Tls>,
 ) -> Result<Plan, Failure> {
     let bad_url = |err: RedisError| Failure::Usage(format!("invalid --redis URL: {err}"));
-    let tls = tls.unwrap_or_default();
     let place = if cluster {
-        let client = ClusterClient::builder(urls.to_vec())
-            .retries(1)
-            .certs(tls.certificates())
-            .build()
-            .map_err(bad_url)?;
-        Place::Cluster(Box::new(client))
+        let mut builder = ClusterClient::builder(urls.to_vec()).retries(1);
+        // Certificates make redis-rs connect to every node over TLS: only with TLS options,
+        // which need rediss:// URLs.
+        if let Some(tls) = &tls {
+            builder = builder.certs(tls.certificates());
+        }
+        Place::Cluster(Box::new(builder.build().map_err(bad_url)?))
     } else {
+        let tls = tls.unwrap_or_default();
         let clients = urls
             .iter()
             .map(|url| {
