@@ -4,7 +4,10 @@
 //! `REDIS_URL`), runs every workload for both implementations, alternating rounds so that
 //! machine noise hits both alike, prints one JSON line per result and a table of ratios.
 //!
-//! - W1 uncontended: C tasks, each on its own key, obtain + release, no retry.
+//! - W1 uncontended: C tasks, each on its own key, obtain + release, no retry. W1D: the same,
+//!   against a raw baseline that releases with the server's own compare-and-delete
+//!   (`DELIFEQ key value`, Valkey 9.0+) instead of a script; only on a server that has it
+//!   (where lockset releases that way too).
 //! - W2 contended: 8 tasks on one key, each obtain retried every 1 ms (lockset: linear 1 ms
 //!   fallback, woken by release events), a critical section with an await inside (a
 //!   non-atomic read, yield, write of a shared counter: a second holder would lose an update)
@@ -322,7 +325,7 @@ impl Raw {
     /// Releases what [`Raw::obtain_mode`] obtained in `mode`.
     async fn release_mode(&self, mode: &str, value: &str) {
         if mode == "w" {
-            return self.release(&RAW_MODE_KEYS[..1], value).await;
+            return self.release(&RAW_MODE_KEYS[..1], value, false).await;
         }
         let _: i64 = redis::cmd("ZREM")
             .arg(RAW_MODE_KEYS[1])
@@ -332,7 +335,16 @@ impl Raw {
             .expect("release");
     }
 
-    async fn release<K: redis::ToRedisArgs>(&self, keys: &[K], value: &str) {
+    async fn release<K: redis::ToRedisArgs>(&self, keys: &[K], value: &str, native: bool) {
+        if native && let [key] = keys {
+            let mut cmd = Cmd::new();
+            cmd.arg("DELIFEQ").arg(key).arg(value);
+            let _: i64 = cmd
+                .query_async(&mut self.conn.clone())
+                .await
+                .expect("DELIFEQ");
+            return;
+        }
         let script = if keys.len() == 1 {
             &self.release_one
         } else {
@@ -684,7 +696,8 @@ impl Bench {
                             Impl::Raw => {
                                 let value = token();
                                 assert!(bench.raw.obtain(&keys, &value).await, "uncontended");
-                                bench.raw.release(&keys, &value).await;
+                                let native = workload.name == "w1d";
+                                bench.raw.release(&keys, &value, native).await;
                             }
                             Impl::Lockset if workload.name == "w4" => {
                                 let mode = match workload.clients {
@@ -763,7 +776,7 @@ impl Bench {
                         shared.critical_section(hold).await;
                         shared.releasing().await;
                         match lock {
-                            None => raw.release(&keys, &value).await,
+                            None => raw.release(&keys, &value, false).await,
                             Some(lock) => lock.release().await.expect("release"),
                         }
                     }
@@ -857,7 +870,7 @@ fn percentile(values: &mut [u32], p: f64) -> u32 {
     values[index]
 }
 
-fn workloads() -> Vec<Workload> {
+fn workloads(delifeq: bool) -> Vec<Workload> {
     let base = Workload {
         name: "w1",
         clients: "-",
@@ -871,6 +884,16 @@ fn workloads() -> Vec<Workload> {
             concurrency,
             ..base
         });
+    }
+    // W1 against a raw baseline that releases with DELIFEQ, where the server has it.
+    if delifeq {
+        for concurrency in [1, 16, 64] {
+            workloads.push(Workload {
+                name: "w1d",
+                concurrency,
+                ..base
+            });
+        }
     }
     for (clients, hold_ms) in [("shared", 0), ("procs", 0), ("procs", 1)] {
         workloads.push(Workload {
@@ -933,7 +956,7 @@ fn workloads() -> Vec<Workload> {
     if let Ok(only) = std::env::var("BENCH_ONLY") {
         workloads.retain(|w| {
             let tag = match w.name {
-                "w1" | "w1r" => format!("{}:{}", w.name, w.concurrency),
+                "w1" | "w1r" | "w1d" => format!("{}:{}", w.name, w.concurrency),
                 "w2" | "w2r" | "w4" | "w5" => format!("{}:{}", w.name, w.clients),
                 _ => format!("{}:{}", w.name, w.keys),
             };
@@ -974,7 +997,7 @@ async fn replicated_primary() -> (redis::Client, [server::RedisServer; 2]) {
     let primary = server::RedisServer::start_with(None, &at_once);
     let port = primary.port().to_string();
     let replica = server::RedisServer::start_with(None, &["--replicaof", "127.0.0.1", &port]);
-    while !server::cli(primary.port(), &["INFO", "replication"]).contains("state=online") {
+    while !server::replica_in_sync(replica.port()) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let client = redis::Client::open(primary.url()).expect("url");
@@ -1001,7 +1024,8 @@ async fn main() {
     install_recorder();
     let (url, _server) = server::url_or_start();
     let client = redis::Client::open(url.as_str()).expect("url");
-    let workloads = workloads();
+    let delifeq = server_has(&client, "DELIFEQ").await;
+    let workloads = workloads(delifeq);
     let mut bench = Bench::new(&client, None).await;
     if workloads.iter().any(|w| w.name == "w5") {
         bench.redlock = Some(Mutex::new(Redlock::start().await));
@@ -1067,6 +1091,21 @@ async fn main() {
         redlock.lock().await.resume().await;
     }
     report(results, round_ratios);
+}
+
+/// Whether the server at `client` knows `command` (`COMMAND INFO` answers nil otherwise).
+async fn server_has(client: &redis::Client, command: &str) -> bool {
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let info: Vec<Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg(command)
+        .query_async(&mut conn)
+        .await
+        .expect("COMMAND INFO");
+    info.first().is_some_and(|info| *info != Value::Nil)
 }
 
 /// One implementation's figures for one workload.

@@ -1,7 +1,9 @@
 //! Obtain a lock, check its TTL, refresh it, release it.
 //!
 //! Run with `cargo run --example quickstart`. Uses `REDIS_URL` when set; otherwise starts
-//! a throwaway local redis-server.
+//! a throwaway local redis-server. Over TLS: `REDIS_URL=rediss://HOST:PORT/ cargo run
+//! --features tls --example quickstart`, with `LOCKSET_TLS_CA_CERT=ca.pem` for a server whose
+//! certificate a private CA signed (as for the `lockset` command).
 
 #[path = "../tests/support/server.rs"]
 mod server;
@@ -13,7 +15,7 @@ use lockset::{Client, Options};
 #[tokio::main]
 async fn main() -> Result<(), lockset::Error> {
     let (url, _server) = server::url_or_start();
-    let client = Client::connect(&url).await?;
+    let client = connect(&url).await?;
 
     let options = Options::default().metadata("quickstart");
     let lock = client
@@ -45,4 +47,23 @@ async fn main() -> Result<(), lockset::Error> {
     lock.release().await?;
     println!("released");
     Ok(())
+}
+
+/// A client for `url`, trusting the CA in `LOCKSET_TLS_CA_CERT` when that is set.
+#[cfg(feature = "tls")]
+async fn connect(
+    url: &str,
+) -> Result<Client<lockset::redis::aio::ConnectionManager>, lockset::Error> {
+    match std::env::var_os("LOCKSET_TLS_CA_CERT") {
+        Some(ca) => Client::connect_with_tls(url, &lockset::Tls::new().ca_file(ca)?).await,
+        None => Client::connect(url).await,
+    }
+}
+
+/// A client for `url` (`rediss://` URLs need the `tls` feature).
+#[cfg(not(feature = "tls"))]
+async fn connect(
+    url: &str,
+) -> Result<Client<lockset::redis::aio::ConnectionManager>, lockset::Error> {
+    Client::connect(url).await
 }

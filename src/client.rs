@@ -126,13 +126,68 @@ impl Client<redis::cluster_async::ClusterConnection> {
 }
 
 impl Client<ConnectionManager> {
-    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/`) with a
-    /// [`ConnectionManager`] and redis-rs's default timeouts, with release events on (see
-    /// [`Client::with_release_events`]).
+    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/`, or `redis://USER:PASSWORD@HOST/`)
+    /// with a [`ConnectionManager`] and redis-rs's default timeouts, with release events on
+    /// (see [`Client::with_release_events`]). With the `tls` feature, a `rediss://` URL
+    /// connects over TLS, trusting the system's roots (see [`Client::connect_with_tls`] for
+    /// others).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] when the server cannot be reached (after redis-rs's connection
+    /// retries, about 6 s), and at once when it refuses the login or the TLS handshake
+    /// fails (an untrusted certificate): a setting to fix, not a failure to wait out.
     pub async fn connect(url: &str) -> Result<Self> {
+        #[cfg(feature = "tls")]
+        let client = crate::Tls::new().redis_client(url)?;
+        #[cfg(not(feature = "tls"))]
         let client = redis::Client::open(url)?;
-        let conn = ConnectionManager::new(client.clone()).await?;
+        Self::connect_client(client).await
+    }
+
+    /// Connects to `url` as [`Client::connect`] does, over TLS with the certificate
+    /// authorities and client certificate of `tls` when the URL is `rediss://` (feature
+    /// `tls`). Release events connect the same way.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// let tls = lockset::Tls::new().ca_file("/etc/redis/ca.pem")?;
+    /// let client = lockset::Client::connect_with_tls("rediss://:secret@redis.internal:6380/", &tls).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::connect`]; a server whose certificate `tls` does not trust is refused at
+    /// once.
+    #[cfg(feature = "tls")]
+    pub async fn connect_with_tls(url: &str, tls: &crate::Tls) -> Result<Self> {
+        Self::connect_client(tls.redis_client(url)?).await
+    }
+
+    async fn connect_client(client: redis::Client) -> Result<Self> {
+        let conn = manager(&client).await?;
         Self::new(conn).with_release_events(client)
+    }
+}
+
+/// A connection manager for `client`. redis-rs's manager tries a first connection 6 times
+/// over about 6 s, whatever failed; beside it, one plain attempt tells at once when the server
+/// refuses the login or the certificate, which no retry would change.
+async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
+    let refused = async {
+        let attempt = client.get_multiplexed_async_connection().await;
+        if let Err(err) = attempt
+            && policy::is_refusal(&err)
+        {
+            return err;
+        }
+        std::future::pending().await
+    };
+    tokio::select! {
+        conn = ConnectionManager::new(client.clone()) => conn,
+        err = refused => Err(err),
     }
 }
 

@@ -327,11 +327,14 @@ fn refused(failures: &[(usize, NodeFailure)]) -> bool {
 }
 
 /// Errors of the connection, not of the command: nothing reached Redis, or no answer came.
+/// A TLS handshake that failed over a certificate is an I/O error too, but not one of these:
+/// a setting to fix (see `policy::is_refusal`).
 pub(crate) fn is_unreachable(err: &redis::RedisError) -> bool {
-    err.is_timeout()
+    (err.is_timeout()
         || err.is_connection_dropped()
         || err.is_connection_refusal()
-        || err.is_io_error()
+        || err.is_io_error())
+        && !crate::waiting::policy::is_refusal(err)
 }
 
 /// The server answered that it cannot serve the request now: it is no longer the primary,
@@ -516,6 +519,13 @@ pub enum InvalidInput {
     /// `WAITAOF` asked for, but the server does not know it (before Redis 7.2).
     #[error("invalid input: the server has no WAITAOF (Redis 7.2 or Valkey needed)")]
     NoWaitAof,
+    /// TLS settings that cannot work: a certificate or key file that cannot be read, or
+    /// holds no certificate or key (see [`Tls`](crate::Tls), feature `tls`).
+    #[error("invalid input: TLS: {reason}")]
+    Tls {
+        /// What is wrong, naming the file.
+        reason: String,
+    },
     /// A Sentinel client without sentinels.
     #[error("invalid input: a Sentinel client needs at least one sentinel")]
     NoSentinels,

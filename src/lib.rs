@@ -73,6 +73,7 @@
 //! | `cluster` | `Client::cluster` over redis-rs's `cluster_async::ClusterConnection` (enables `redis/cluster-async`), the cross-slot check, `slot_number` |
 //! | `metrics` | counters, histograms and a gauge through the [`metrics`](https://docs.rs/metrics) facade, and `Options::metrics_label` (README: "Metrics") |
 //! | `blocking` | `lockset::blocking`: the same operations for synchronous code, on a runtime of their own |
+//! | `tls` | `rediss://` URLs over rustls (enables `redis/tokio-rustls-comp`): the system's roots by default; `Tls` for a private CA and client certificates, `Client::connect_with_tls`, `SentinelConfig::tls` |
 
 // No panics and no printing in the library itself; tests, examples and test support may.
 #![warn(
@@ -95,6 +96,7 @@ mod key;
 mod lock;
 mod meter;
 mod mode;
+mod native;
 mod observe;
 mod options;
 mod quorum;
@@ -109,6 +111,8 @@ mod slots;
 mod store;
 mod stragglers;
 mod tasks;
+#[cfg(feature = "tls")]
+mod tls;
 mod validate;
 mod value;
 mod waiters;
@@ -130,6 +134,8 @@ pub use signal::LostSignal;
 #[cfg(feature = "cluster")]
 pub use slots::slot_number;
 pub use slots::{fencing_key_for, release_channel};
+#[cfg(feature = "tls")]
+pub use tls::Tls;
 pub use validate::{MAX_KEYS, MAX_TTL};
 pub use value::parse_value;
 pub use waiters::{QueuedWaiter, read_queue};

@@ -407,7 +407,7 @@ where
             stragglers.settled().await;
             let counted = self
                 .vote_in_place(limit, needed, InPlace::Finish, |_, store| {
-                    store.release(claim, payload)
+                    store.release_by_script(claim, payload)
                 })
                 .await;
             return counted.verdict(self, QuorumOp::Release, true, needed);
@@ -419,7 +419,7 @@ where
                 stragglers.written(share.master).await;
                 let claim = share.claim.claim();
                 let answer = share
-                    .answer(share.store.release(&claim, payload.as_deref()))
+                    .answer(share.store.release_by_script(&claim, payload.as_deref()))
                     .await;
                 let _ = share.votes.send(Vote::from_answer(answer, limit));
             }

@@ -81,6 +81,9 @@ pub struct SentinelConfig {
     replication: Replication,
     connection_timeout: Duration,
     response_timeout: Duration,
+    /// TLS for the data nodes, and the certificates for `rediss://` sentinels.
+    #[cfg(feature = "tls")]
+    tls: Option<crate::Tls>,
 }
 
 impl SentinelConfig {
@@ -109,6 +112,8 @@ impl SentinelConfig {
             replication: Replication::all(),
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_millis(500),
+            #[cfg(feature = "tls")]
+            tls: None,
         })
     }
 
@@ -165,6 +170,37 @@ impl SentinelConfig {
         }
     }
 
+    /// Reaches the data nodes over TLS with `tls`'s certificate authorities and client
+    /// certificate (feature `tls`); sentinels given as `rediss://` use them too (the others
+    /// stay plain). Without this, data nodes are reached over plain TCP.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), lockset::Error> {
+    /// use lockset::{SentinelConfig, Tls};
+    ///
+    /// let tls = Tls::new().ca_file("/etc/redis/ca.pem")?;
+    /// let config = SentinelConfig::new(["rediss://10.0.0.1:26379"], "locks")?.tls(tls);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tls")]
+    #[must_use]
+    pub fn tls(self, tls: crate::Tls) -> Self {
+        Self {
+            tls: Some(tls),
+            ..self
+        }
+    }
+
+    /// A redis-rs client for `info` (a sentinel or a data node), with the TLS settings.
+    fn client(&self, info: ConnectionInfo) -> RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            return tls.redis_client(info);
+        }
+        redis::Client::open(info)
+    }
+
     /// The replication settings.
     pub(crate) fn replication_settings(&self) -> Replication {
         self.replication
@@ -176,10 +212,22 @@ impl SentinelConfig {
             .set_response_timeout(Some(self.response_timeout))
     }
 
-    /// How to reach the data node at `host:port`.
-    fn node_info(&self, host: &str, port: u16) -> RedisResult<ConnectionInfo> {
-        let info = ConnectionAddr::Tcp(host.to_owned(), port).into_connection_info()?;
-        Ok(info.set_redis_settings(self.node.clone()))
+    /// How to reach the data node at `host:port`: a client with its login, over TLS when
+    /// set.
+    fn node_client(&self, host: &str, port: u16) -> RedisResult<redis::Client> {
+        let addr = ConnectionAddr::Tcp(host.to_owned(), port);
+        #[cfg(feature = "tls")]
+        let addr = match self.tls {
+            Some(_) => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: false,
+                tls_params: None,
+            },
+            None => addr,
+        };
+        let info = addr.into_connection_info()?;
+        self.client(info.set_redis_settings(self.node.clone()))
     }
 }
 
@@ -267,11 +315,9 @@ impl SentinelConnection {
     /// data nodes' login: for the connection release events listen on.
     pub(crate) async fn primary_client(&self) -> RedisResult<redis::Client> {
         let primary = self.follower.primary().await?;
-        redis::Client::open(
-            self.follower
-                .config
-                .node_info(&primary.host, primary.port)?,
-        )
+        self.follower
+            .config
+            .node_client(&primary.host, primary.port)
     }
 
     /// Changes of primary: the value moves whenever the primary changed, or the sentinels
@@ -436,7 +482,8 @@ impl Follower {
     async fn ask_sentinel(&self, sentinel: &ConnectionInfo) -> RedisResult<Option<Sighting>> {
         let config = &self.config;
         let asked = async {
-            let mut conn = redis::Client::open(sentinel.clone())?
+            let mut conn = config
+                .client(sentinel.clone())?
                 .get_multiplexed_async_connection_with_config(&config.connection_config())
                 .await?;
             // The address a client should use (during a failover, the replica being
@@ -468,9 +515,9 @@ impl Follower {
         sighting: &Sighting,
     ) -> RedisResult<Option<MultiplexedConnection>> {
         let config = &self.config;
-        let info = config.node_info(&sighting.host, sighting.port)?;
+        let client = config.node_client(&sighting.host, sighting.port)?;
         let connected = async {
-            let mut conn = redis::Client::open(info)?
+            let mut conn = client
                 .get_multiplexed_async_connection_with_config(&config.connection_config())
                 .await?;
             let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
@@ -634,9 +681,7 @@ async fn watch_switches(follower: Weak<Follower>) {
         next += 1;
         let limit = config.connection_timeout + config.response_timeout;
         let subscribed = tokio::time::timeout(limit, async {
-            let mut pubsub = redis::Client::open(sentinel.clone())?
-                .get_async_pubsub()
-                .await?;
+            let mut pubsub = config.client(sentinel.clone())?.get_async_pubsub().await?;
             pubsub.subscribe("+switch-master").await?;
             RedisResult::Ok(pubsub)
         })

@@ -14,6 +14,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
 use crate::error::{Error, Result};
 use crate::mode::{Mode, Modes};
+use crate::native::{self, Natives};
 use crate::replication::{Acks, Address, Replicas, Replicated, Replication};
 use crate::request::{Claim, Ticket, Try};
 use crate::scripts::{self, Lua};
@@ -81,6 +82,8 @@ pub(crate) struct Store<C> {
     /// The configuration epoch of the primary behind the connection, when it is known (a
     /// Sentinel deployment): fencing tokens are led by it (see `lua/fence.lua`).
     epoch: OnceLock<Epoch>,
+    /// The compare-and-delete and compare-and-set commands the server has (see `native.rs`).
+    natives: Natives,
 }
 
 /// Tells the configuration epoch of the primary a connection sends to now.
@@ -115,6 +118,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             replicated: OnceLock::new(),
             confirm: OnceLock::new(),
             epoch: OnceLock::new(),
+            natives: Natives::new(),
             // A standalone server: plain pub/sub. (redis-rs subscribes to sharded channels
             // only over cluster connections, and a single server gains nothing from them.)
             announce: scripts::PUBLISH,
@@ -165,11 +169,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
     /// The epoch fencing tokens are led by now: 0 when none is known.
     fn epoch(&self) -> u64 {
-        self.epoch
-            .get()
-            .and_then(|epoch| epoch())
-            .unwrap_or(0)
-            .min(MAX_FENCE_EPOCH)
+        self.primary_epoch().unwrap_or(0).min(MAX_FENCE_EPOCH)
+    }
+
+    /// The configuration epoch of the primary behind the connection, when it is known.
+    fn primary_epoch(&self) -> Option<u64> {
+        self.epoch.get().and_then(|epoch| epoch())
     }
 
     /// A fenced obtain ran on a new primary that the connection found while the obtain was
@@ -371,7 +376,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Err(err) if err.code() == Some("WRONGTYPE") => Err(Error::WrongType {
                 key: key.to_owned(),
             }),
-            Err(err) if is_syntax_error(&err) => {
+            Err(err) if native::is_syntax_error(&err) => {
                 tracing::debug!("server rejects SET NX GET; obtaining single keys by script");
                 self.set_nx_get.store(false, Ordering::Relaxed);
                 Ok(None)
@@ -445,15 +450,18 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 let args = mode_args("refresh", modes, claim, rest);
                 self.write(&scripts::MODES, claim.keys, None, args).await?
             }
-            None => {
-                let restore = match rewrite {
-                    Some(_) => Some(u8::from(restore)),
-                    None => restore.then_some(1),
-                };
-                let args = (claim.value, claim.ttl.millis, restore, rewrite);
-                self.write(&scripts::REFRESH, claim.keys, None, args)
-                    .await?
-            }
+            None => match self.extend_natively(claim, rewrite.is_some()).await? {
+                Some(acks) => (scripts::DONE, acks),
+                None => {
+                    let restore = match rewrite {
+                        Some(_) => Some(u8::from(restore)),
+                        None => restore.then_some(1),
+                    };
+                    let args = (claim.value, claim.ttl.millis, restore, rewrite);
+                    self.write(&scripts::REFRESH, claim.keys, None, args)
+                        .await?
+                }
+            },
         };
         if done == scripts::DONE
             && let Some(short) = acks.and_then(|acks| self.shortfall(&acks))
@@ -463,9 +471,91 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Ok(Holding::from_reply(done, ()))
     }
 
+    /// A single key extended by the server's own compare-and-set (see `native.rs`), when it
+    /// holds exactly the claim's value (no waiter's mark, the same metadata) and no rewrite
+    /// is asked for: what `refresh.lua` would do then, in one command, followed by the wait
+    /// for replicas as the script's write is. `Some(acks)` when extended; `None` when the
+    /// script must decide (the server has no such command, or the key holds anything else).
+    async fn extend_natively(
+        &self,
+        claim: &Claim<'_>,
+        rewrite: bool,
+    ) -> Result<Option<Option<Acks>>> {
+        let [key] = claim.keys else {
+            return Ok(None);
+        };
+        if rewrite {
+            return Ok(None);
+        }
+        let natives = self.natives().await?;
+        let Some(cmd) = natives.extend_if_equal(key, claim.value, claim.ttl.millis) else {
+            return Ok(None);
+        };
+        match self.query::<Value>(cmd, true).await {
+            Ok((Value::Nil, _)) => Ok(None),
+            Ok((_, acks)) => Ok(Some(acks)),
+            Err(err) => self.after_native(err).map(|()| None),
+        }
+    }
+
+    /// A single key deleted by the server's own compare-and-delete (see `native.rs`), when it
+    /// holds exactly the claim's value: what `release.lua` does then, in one command (nobody
+    /// marked the key, so there is nothing to announce or hand on). True when deleted; false
+    /// when the script must decide (the server has no such command, or the key holds
+    /// anything else).
+    async fn delete_natively(&self, key: &str, value: &str) -> Result<bool> {
+        let Some(cmd) = self.natives().await?.delete_if_equal(key, value) else {
+            return Ok(false);
+        };
+        match cmd.query_async::<i64>(&mut self.conn.clone()).await {
+            Ok(deleted) => Ok(deleted == 1),
+            Err(err) => self.after_native(err).map(|()| false),
+        }
+    }
+
+    /// What the server has natively, asked once per connection and primary.
+    async fn natives(&self) -> Result<native::Found> {
+        Ok(self.natives.found(&self.conn, self.primary_epoch()).await?)
+    }
+
+    /// A native command failed with `err`: the script decides instead (`Ok`), unless the
+    /// connection failed. A server that refuses the command as such gets scripts from now on;
+    /// any other error reply (WRONGTYPE, OOM) is the script's to judge.
+    fn after_native(&self, err: RedisError) -> Result<()> {
+        if err.code().is_none() {
+            return Err(err.into());
+        }
+        if native::is_refused(&err) {
+            self.natives.give_up(&err);
+        }
+        Ok(())
+    }
+
     /// Deletes every key, only if every key is ours. With a payload, announces the release
     /// of each key that somebody waits for.
     pub(crate) async fn release(
+        &self,
+        claim: &Claim<'_>,
+        payload: Option<&str>,
+    ) -> Result<Holding<()>> {
+        // A fair waiter that gives up leaves its queues by the script.
+        if claim.modes.is_none()
+            && claim.ticket.is_none()
+            && let [key] = claim.keys
+            && self.delete_natively(key, claim.value).await?
+        {
+            return Ok(Holding::Ours(()));
+        }
+        self.release_sent(claim, payload, Sending::ByHash, false)
+            .await
+    }
+
+    /// As [`Store::release`], by script alone: for a Redlock quorum's masters. A release there
+    /// is one command per master, so that a waiter of the same client, woken by another
+    /// master's announcement, sends its next attempt to this master behind the delete (one
+    /// connection answers in order). A native delete that finds a waiter's mark would leave
+    /// that gap before its script, and the waiter would find the lock still held there.
+    pub(crate) async fn release_by_script(
         &self,
         claim: &Claim<'_>,
         payload: Option<&str>,
@@ -745,10 +835,6 @@ fn fewest_replicas_per_shard(nodes: &str) -> u32 {
         })
         .min()
         .unwrap_or(0)
-}
-
-fn is_syntax_error(err: &RedisError) -> bool {
-    err.code() == Some("ERR") && err.detail().is_some_and(|d| d.contains("syntax error"))
 }
 
 /// The arguments of `modes.lua`'s operation `op` for `claim`, followed by the operation's

@@ -39,6 +39,9 @@ fn lockset_via(wrapper: &[&str], urls: &[String]) -> Command {
         .env_remove("REDIS_URL")
         .env_remove("LOCKSET_SENTINEL")
         .env_remove("LOCKSET_MASTER")
+        .env_remove("LOCKSET_TLS_CA_CERT")
+        .env_remove("LOCKSET_TLS_CERT")
+        .env_remove("LOCKSET_TLS_KEY")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -1596,4 +1599,107 @@ fn replicas_apply_to_a_single_server_too() {
         "{out:?}"
     );
     assert!(!exists(&server.url(), "k"));
+}
+
+/// Every subcommand over TLS (`rediss://`), trusting a private CA given by `--tls-ca-cert`
+/// or `LOCKSET_TLS_CA_CERT`; an untrusted server exits 69 saying why, at once; TLS options
+/// without a `rediss://` URL, or files that are not certificates, are bad usage (64).
+#[test]
+fn every_subcommand_works_over_tls_and_a_wrong_ca_exits_69() {
+    use support::tls::{Certs, TlsServer};
+
+    let certs = Certs::make();
+    let Some(server) = TlsServer::start(&certs, false, &[]) else {
+        return support::tls::skip("every_subcommand_works_over_tls_and_a_wrong_ca_exits_69");
+    };
+    let urls = [server.url("")];
+    let ca = certs.path("ca.pem");
+    let ca = ca.to_str().expect("path");
+    let with_ca = |args: &[&str]| {
+        let mut command = lockset(&urls);
+        command.args(["--tls-ca-cert", ca]).args(args);
+        finish(&mut command)
+    };
+    let out = with_ca(&["acquire", "--ttl", "10s", "--metadata", "over-tls", "db"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let token = out.stdout.trim().to_owned();
+    let out = with_ca(&["status", "db"]);
+    assert!(
+        out.stdout.contains("\"db\" is held by \"over-tls\""),
+        "{out:?}"
+    );
+    let out = with_ca(&["refresh", "--token", &token, "--ttl", "20s", "db"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = with_ca(&["release", "--token", &token, "db"]);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = with_ca(&["run", "db", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(out.code, Some(3), "{out:?}");
+    // The CA from the environment, the URL from REDIS_URL.
+    let out = finish(
+        lockset(&[])
+            .env("REDIS_URL", &urls[0])
+            .env("LOCKSET_TLS_CA_CERT", ca)
+            .args(["status", "db"]),
+    );
+    assert!(out.stdout.contains("\"db\" is free"), "{out:?}");
+
+    // Not trusted: the system's roots, or another CA.
+    let other = certs.path("other-ca.pem");
+    for args in [vec![], vec!["--tls-ca-cert", other.to_str().expect("path")]] {
+        let out = finish(lockset(&urls).args(&args).args(["acquire", "db"]));
+        assert_eq!(out.code, Some(69), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("certificate"), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("--tls-ca-cert"), "{args:?}: {out:?}");
+        assert!(out.took < Duration::from_secs(5), "{args:?}: {out:?}");
+    }
+    // Bad usage, nothing sent.
+    let plain = RedisServer::start();
+    let out = finish(lockset(&[plain.url()]).args(["--tls-ca-cert", ca, "acquire", "db"]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+    let key = certs.path("ca.key");
+    let out =
+        finish(lockset(&urls).args(["--tls-ca-cert", key.to_str().expect("path"), "status", "db"]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(out.stderr.contains("certificate"), "{out:?}");
+    let out = finish(lockset(&urls).args(["--tls-cert", ca, "status", "db"]));
+    assert_eq!(out.code, Some(64), "--tls-cert without --tls-key: {out:?}");
+}
+
+/// Mutual TLS from the command line, and Sentinel over TLS: the sentinel and the primary
+/// it names both reached over TLS.
+#[test]
+fn client_certificates_and_sentinel_over_tls() {
+    use support::tls::{Certs, TlsServer};
+
+    let certs = Certs::make();
+    let Some(server) = TlsServer::start(&certs, true, &[]) else {
+        return support::tls::skip("client_certificates_and_sentinel_over_tls");
+    };
+    let path = |name: &str| certs.path(name).to_str().expect("path").to_owned();
+    let urls = [server.url("")];
+    let out = finish(lockset(&urls).args(["--tls-ca-cert", &path("ca.pem"), "status", "k"]));
+    assert_eq!(out.code, Some(69), "no client certificate: {out:?}");
+    let mutual = [
+        "--tls-ca-cert",
+        &path("ca.pem"),
+        "--tls-cert",
+        &path("client.pem"),
+        "--tls-key",
+        &path("client.key"),
+    ];
+    let out = finish(lockset(&urls).args(mutual).args(["run", "k", "--", "true"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    let (_sentinel, sentinel_port) = server.sentinel(&certs, "m");
+    let out = finish(
+        lockset(&[])
+            .args([
+                "--sentinel",
+                &format!("rediss://127.0.0.1:{sentinel_port}/"),
+            ])
+            .args(["--master", "m", "--replicas", "0"])
+            .args(mutual)
+            .args(["run", "k", "--", "true"]),
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
 }

@@ -331,7 +331,7 @@ async fn a_failed_watchdog_refresh_is_a_warning_and_is_ridden_out() {
             .any(|e| e.level == Level::WARN && e.message().starts_with("watchdog refresh failed"))
     })
     .await;
-    let refreshes = async || calls(&evalsha_calls(&server).await);
+    let refreshes = async || refresh_calls(&server).await;
     let before = refreshes().await;
     proxy.stall(false);
     // Ridden out: the watchdog goes on refreshing (the one held back by the stall, then
@@ -405,8 +405,9 @@ fn options_debug_shows_a_callback_without_calling_it() {
     assert!(debug.contains("OnRetry"), "{debug}");
 }
 
-/// The server's `INFO commandstats` line for EVALSHA (every refresh is one).
-async fn evalsha_calls(server: &RedisServer) -> String {
+/// How many EVALSHA and SET the server ran: every refresh of a single key is one (by
+/// script, or SET IFEQ where the server has it).
+async fn refresh_calls(server: &RedisServer) -> u64 {
     let mut conn = support::connect(server).await;
     let info: String = lockset::redis::cmd("INFO")
         .arg("commandstats")
@@ -414,9 +415,9 @@ async fn evalsha_calls(server: &RedisServer) -> String {
         .await
         .unwrap();
     info.lines()
-        .find(|line| line.starts_with("cmdstat_evalsha:"))
-        .unwrap_or_default()
-        .to_owned()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_set:"))
+        .map(calls)
+        .sum()
 }
 
 /// The `calls=` count of a commandstats line.

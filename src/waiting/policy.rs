@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::{RedisError, RetryMethod};
 use tokio::time::Instant;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, NodeFailure, Result};
 use crate::observe::{Blocked, OnRetry, Progress, RetryEvent, retrying};
 use crate::request::Try;
 use crate::retry::{Retry, RetryStrategy as _};
@@ -42,13 +42,30 @@ pub(crate) struct Held {
 impl<T> Step<T> {
     /// Classifies an attempt's error: transient Redis errors, a Redlock majority missed
     /// because of failing masters, and a write too few replicas acknowledged are worth
-    /// another attempt.
+    /// another attempt. A quorum whose majority is out of reach because masters refuse the
+    /// login (or the certificate) is not: no retry changes a setting.
     pub(crate) fn from_error(err: Error) -> Self {
         match &err {
             Error::Redis(redis) | Error::UnknownOutcome(redis) if is_transient(redis) => {
                 Self::Again(err)
             }
-            Error::Quorum { .. } | Error::NotReplicated { .. } => Self::Again(err),
+            Error::Quorum {
+                nodes,
+                needed,
+                failures,
+                ..
+            } => {
+                let refusing = failures
+                    .iter()
+                    .filter(|(_, failure)| matches!(failure, NodeFailure::Redis(redis) if is_refusal(redis)))
+                    .count();
+                if nodes.saturating_sub(refusing) < *needed {
+                    Self::Stop(err)
+                } else {
+                    Self::Again(err)
+                }
+            }
+            Error::NotReplicated { .. } => Self::Again(err),
             _ => Self::Stop(err),
         }
     }
@@ -314,12 +331,28 @@ fn at_deadline(failure: Error) -> Error {
 }
 
 /// Errors that say nothing about the lock itself: the connection, a timeout, a busy or
-/// failing-over server. A refused login is not one: trying again until the deadline would
-/// only hide a wrong password.
+/// failing-over server. A refused login or certificate is not one (see [`is_refusal`]).
 pub(crate) fn is_transient(err: &RedisError) -> bool {
-    let login = err.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"));
-    !login && (err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry))
+    !is_refusal(err) && (err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry))
+}
+
+/// Whether the server refused who we are, or we refused who it is: a wrong password or user,
+/// missing permissions, a certificate not trusted (or ours not accepted). Trying again until
+/// a deadline would only hide a setting to fix.
+pub(crate) fn is_refusal(err: &RedisError) -> bool {
+    err.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        || is_tls_refusal(err)
+}
+
+#[cfg(feature = "tls")]
+fn is_tls_refusal(err: &RedisError) -> bool {
+    crate::tls::is_refusal(err)
+}
+
+#[cfg(not(feature = "tls"))]
+fn is_tls_refusal(_: &RedisError) -> bool {
+    false
 }
 
 #[cfg(test)]

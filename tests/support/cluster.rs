@@ -34,7 +34,7 @@ impl Cluster {
         let start = Instant::now();
         while !(0..6).all(|i| {
             let info = cluster.cli(i, &["INFO", "replication"]);
-            !info.contains("role:master") || info.contains("state=online")
+            info.contains("role:master") || super::server::is_synced_replica(&info)
         }) {
             assert!(
                 start.elapsed() < Duration::from_secs(30),

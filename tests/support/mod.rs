@@ -8,6 +8,8 @@ pub mod masters;
 pub mod proxy;
 pub mod sentinel;
 pub mod server;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::time::Duration;
 
@@ -225,6 +227,44 @@ pub fn bundled(script: &str) -> String {
             include_str!("../../lua/fence.lua"),
             1,
         )
+}
+
+/// Holds `key` by `holder`, has a waiter on `waiter` wait for it (polling only every 20 s),
+/// releases it once the waiter listens, and checks that the waiter got it within 5 s: only a
+/// release event can have woken it in time.
+pub async fn a_release_wakes<C>(holder: &Client<C>, waiter: &Client<C>, key: &str)
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let lock = holder
+        .obtain(key, ms(30_000), &lockset::Options::default())
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.to_owned());
+        async move {
+            let options = lockset::Options::default()
+                .retry(lockset::Retry::linear(ms(20_000)))
+                .timeout(ms(30_000));
+            waiter.obtain(&key, ms(5_000), &options).await
+        }
+    });
+    eventually(ms(10_000), "the waiter listens", async || {
+        waiter.release_channels_watched() > 0
+    })
+    .await;
+    let released = tokio::time::Instant::now();
+    lock.release().await.unwrap();
+    let theirs = waiting.await.unwrap().expect("woken by the release");
+    assert!(released.elapsed() < ms(5_000), "{:?}", released.elapsed());
+    theirs.release().await.unwrap();
+}
+
+/// Says, past the test harness's capture (so it shows in every run), that `test` checks less
+/// than it could on this server, and why: a server without a command the test needs.
+pub fn skipping(test: &str, why: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
 pub fn ms(n: u64) -> Duration {

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::RedisServer;
 use super::proxy::Proxy;
-use super::server::cli_as;
+use super::server::{cli_as, is_synced_replica};
 
 /// The name the sentinels know the primary by.
 pub const MASTER: &str = "locks";
@@ -246,6 +246,10 @@ impl Failover {
         let info = self.ask_node(primary.port(), &["INFO", "replication"]);
         let online = info.matches("state=online").count();
         online == replicas
+            && self.nodes.iter().all(|node| {
+                node.port() == primary.port()
+                    || is_synced_replica(&self.ask_node(node.port(), &["INFO", "replication"]))
+            })
             && self.sentinels.iter().all(|sentinel| {
                 let master =
                     fields(&self.ask_sentinel(sentinel.port(), &["SENTINEL", "MASTER", MASTER]));

@@ -2,8 +2,8 @@
 //! with persistence off, stopped when dropped. Never touches a server it did not start.
 //!
 //! `LOCKSET_REDIS_SERVER` names the `redis-server` binary to run (default: the one on `PATH`),
-//! so the suite runs against any version; `redis-cli` is taken from beside it when there is
-//! one there.
+//! so the suite runs against any version of Redis or Valkey; the command line client is taken
+//! from beside it when there is one there (`valkey-cli` beside `valkey-server`).
 
 #![allow(dead_code, unreachable_pub)]
 use std::io::{Read as _, Write as _};
@@ -138,6 +138,12 @@ impl RedisServer {
             }
         }
         panic!("no cluster node started on any of 10 free ports");
+    }
+
+    /// One try to start a server on a free port with `extra` arguments: `None` when it did
+    /// not come up (the port was taken meanwhile, or the server refuses the arguments).
+    pub fn try_start_with_args(extra: &[&str]) -> Option<Self> {
+        Self::try_start_with(free_port(), extra, None)
     }
 
     fn try_start_on(port: u16) -> Option<Self> {
@@ -336,6 +342,43 @@ pub fn server_binary() -> std::path::PathBuf {
     }
 }
 
+/// Whether `info`, a replica's `INFO replication`, says it loaded its primary's data and
+/// follows its stream (`master_link_status:up`). Only then does it acknowledge writes: a
+/// primary lists a replica as `state=online` sooner on Valkey 9, while the replica still
+/// loads, and WAIT then counts none for about a second.
+pub fn is_synced_replica(info: &str) -> bool {
+    info.contains("role:slave") && info.contains("master_link_status:up")
+}
+
+/// Whether the replica at `port` is in sync (see [`is_synced_replica`]).
+pub fn replica_in_sync(port: u16) -> bool {
+    is_synced_replica(&cli(port, &["INFO", "replication"]))
+}
+
+/// The lock primitives the server at `port` has as commands, by its own word (`COMMAND
+/// INFO`, `COMMAND DOCS`): what the library should find, asked independently of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Natives {
+    /// Its compare-and-delete: `Some("delifeq")` (Valkey 9.0+), `Some("delex")` (Redis
+    /// 8.4+), or `None`.
+    pub delete: Option<&'static str>,
+    /// Whether `SET` takes `IFEQ` (Valkey 8.1+, Redis 8.4+).
+    pub set_ifeq: bool,
+}
+
+/// What the server at `port` has natively (see [`Natives`]).
+pub fn natives(port: u16) -> Natives {
+    let knows = |command: &str| !cli(port, &["COMMAND", "INFO", command]).trim().is_empty();
+    let delete = ["delifeq", "delex"]
+        .into_iter()
+        .find(|command| knows(command));
+    let docs = cli(port, &["COMMAND", "DOCS", "SET"]);
+    Natives {
+        delete,
+        set_ifeq: docs.lines().any(|line| line.trim() == "IFEQ"),
+    }
+}
+
 /// Runs a command on the server at `port` with redis-cli and returns its raw output.
 pub fn cli(port: u16, args: &[&str]) -> String {
     cli_as(port, None, args)
@@ -352,10 +395,20 @@ pub fn cli_as(port: u16, password: Option<&str>, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// The `redis-cli` beside [`server_binary`], else the one on `PATH`.
+/// The command line client beside [`server_binary`] (`valkey-cli` beside `valkey-server`,
+/// `redis-cli` beside `redis-server`), else the `redis-cli` on `PATH` (a server package may
+/// ship none; any recent one builds a cluster of any server).
 pub fn cli_binary() -> std::path::PathBuf {
     let server = server_binary();
-    let beside = server.with_file_name("redis-cli");
+    let name = server
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or("");
+    let cli = match name.strip_suffix("-server") {
+        Some(prefix) => format!("{prefix}-cli"),
+        None => "redis-cli".to_owned(),
+    };
+    let beside = server.with_file_name(cli);
     if server
         .parent()
         .is_some_and(|dir| !dir.as_os_str().is_empty())
@@ -380,7 +433,7 @@ fn private_dir(port: u16) -> PathBuf {
     path
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())

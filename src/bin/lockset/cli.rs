@@ -29,7 +29,9 @@ Environment:
   LOCKSET_REDIS     default for --redis (several URLs separated by commas)
   REDIS_URL         default for --redis when LOCKSET_REDIS is not set
   LOCKSET_SENTINEL  default for --sentinel (several URLs separated by commas)
-  LOCKSET_MASTER    default for --master";
+  LOCKSET_MASTER    default for --master
+  LOCKSET_TLS_CA_CERT, LOCKSET_TLS_CERT, LOCKSET_TLS_KEY
+                    defaults for --tls-ca-cert, --tls-cert, --tls-key";
 
 /// The help heading of the options every subcommand takes.
 const GLOBAL: &str = "Global options";
@@ -60,7 +62,8 @@ pub(crate) struct Cli {
 /// Options every subcommand takes, before or after its name.
 #[derive(Debug, Args)]
 pub(crate) struct Global {
-    /// Redis server URL: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], or unix:///PATH.
+    /// Redis server URL: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss://... for TLS,
+    /// or unix:///PATH.
     /// Repeat it for a Redlock quorum of independent masters (use 3 or 5); with
     /// --cluster, the URLs are seed nodes of one Redis Cluster. [default: $LOCKSET_REDIS,
     /// then $REDIS_URL, then redis://127.0.0.1/]
@@ -114,6 +117,43 @@ pub(crate) struct Global {
     /// primary has in sync; else 0]
     #[arg(long, value_name = "N", global = true, help_heading = GLOBAL)]
     pub(crate) replicas: Option<u32>,
+
+    /// The certificate authorities (a PEM file) to trust for rediss:// servers and sentinels,
+    /// instead of the system's roots. [default: $LOCKSET_TLS_CA_CERT]
+    #[arg(
+        long,
+        value_name = "FILE",
+        global = true,
+        env = "LOCKSET_TLS_CA_CERT",
+        hide_env = true,
+        help_heading = GLOBAL
+    )]
+    pub(crate) tls_ca_cert: Option<std::path::PathBuf>,
+
+    /// A client certificate (a PEM file) for rediss:// servers that ask for one (mutual
+    /// TLS); needs --tls-key. [default: $LOCKSET_TLS_CERT]
+    #[arg(
+        long,
+        value_name = "FILE",
+        global = true,
+        env = "LOCKSET_TLS_CERT",
+        hide_env = true,
+        requires = "tls_key",
+        help_heading = GLOBAL
+    )]
+    pub(crate) tls_cert: Option<std::path::PathBuf>,
+
+    /// The private key (a PEM file) of --tls-cert. [default: $LOCKSET_TLS_KEY]
+    #[arg(
+        long,
+        value_name = "FILE",
+        global = true,
+        env = "LOCKSET_TLS_KEY",
+        hide_env = true,
+        requires = "tls_cert",
+        help_heading = GLOBAL
+    )]
+    pub(crate) tls_key: Option<std::path::PathBuf>,
 
     /// Say nothing on stderr but usage errors; the exit status still tells what happened.
     #[arg(short, long, global = true, conflicts_with = "verbose", help_heading = GLOBAL)]

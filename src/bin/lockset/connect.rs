@@ -4,7 +4,7 @@ use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use lockset::redis::cluster::ClusterClient;
 use lockset::redis::cluster_async::ClusterConnection;
 use lockset::redis::{self, IntoConnectionInfo as _, RedisError};
-use lockset::{Client, QuorumConfig, Replication, SentinelConfig, SentinelConnection};
+use lockset::{Client, QuorumConfig, Replication, SentinelConfig, SentinelConnection, Tls};
 use tokio::task::JoinSet;
 
 use crate::exit::{self, Failure, UNAVAILABLE};
@@ -75,12 +75,49 @@ enum Place {
     Sentinel(Box<SentinelConfig>),
 }
 
+/// The TLS settings of `--tls-ca-cert`, `--tls-cert` and `--tls-key` (files read and
+/// checked now: a bad one is bad usage), or `None` when none is given. `tls_urls`: whether
+/// any URL given is `rediss://`; without, the options would be silently ignored.
+pub(crate) fn tls(
+    ca: Option<&std::path::Path>,
+    cert: Option<(&std::path::Path, &std::path::Path)>,
+    tls_urls: bool,
+) -> Result<Option<Tls>, Failure> {
+    if ca.is_none() && cert.is_none() {
+        return Ok(None);
+    }
+    if !tls_urls {
+        return Err(Failure::Usage(
+            "--tls-ca-cert, --tls-cert and --tls-key are for rediss:// URLs, and none is given"
+                .to_owned(),
+        ));
+    }
+    let usage = |err: lockset::Error| Failure::from_error(&err);
+    let mut tls = Tls::new();
+    if let Some(ca) = ca {
+        tls = tls.ca_file(ca).map_err(usage)?;
+    }
+    if let Some((cert, key)) = cert {
+        tls = tls.client_cert_files(cert, key).map_err(usage)?;
+    }
+    Ok(Some(tls))
+}
+
+/// Whether `url` asks for TLS.
+pub(crate) fn is_tls_url(url: &str) -> bool {
+    let url = url.trim_start().to_ascii_lowercase();
+    url.starts_with("rediss://") || url.starts_with("valkeys://")
+}
+
 /// Where `--sentinel` and `--master` say the primary is: `master` is a name, or
-/// `redis://[[USER]:PASSWORD@]NAME[/DB]` with the data nodes' login and database.
+/// `redis://[[USER]:PASSWORD@]NAME[/DB]` with the data nodes' login and database. The data
+/// nodes are reached over TLS when `master` is `rediss://...`, when the sentinels are, or
+/// when `tls` is given.
 pub(crate) fn sentinel_plan(
     sentinels: &[String],
     master: Option<&str>,
     replicas: Option<u32>,
+    tls: Option<Tls>,
 ) -> Result<Plan, Failure> {
     let master = master
         .map(str::trim)
@@ -103,7 +140,9 @@ pub(crate) fn sentinel_plan(
             .into_connection_info()
             .map_err(|err| bad("--master URL", &err))?;
         let name = match info.addr() {
-            redis::ConnectionAddr::Tcp(host, _) => host.clone(),
+            redis::ConnectionAddr::Tcp(host, _) | redis::ConnectionAddr::TcpTls { host, .. } => {
+                host.clone()
+            }
             _ => return Err(bad("--master URL", &"it names no master")),
         };
         (name, Some(info.redis_settings().clone()))
@@ -111,9 +150,13 @@ pub(crate) fn sentinel_plan(
         (master.to_owned(), None)
     };
     let urls: Vec<&str> = sentinels.iter().map(|url| url.trim()).collect();
+    let tls_nodes = is_tls_url(master) || urls.iter().any(|url| is_tls_url(url));
     let mut config = SentinelConfig::new(urls, name)
         .map_err(|err| bad("--sentinel URL", &err))?
         .replication(replicas.map_or_else(Replication::all, Replication::replicas));
+    if let Some(tls) = tls.or_else(|| tls_nodes.then(Tls::new)) {
+        config = config.tls(tls);
+    }
     if let Some(login) = login {
         if let Some(user) = login.username() {
             config = config.username(user);
@@ -130,19 +173,31 @@ pub(crate) fn sentinel_plan(
 }
 
 /// Parses `urls` without connecting: a bad URL is bad usage. With `replicas`, each lock
-/// write waits for that many replicas of its server.
-pub(crate) fn plan(urls: &[String], cluster: bool, replicas: Option<u32>) -> Result<Plan, Failure> {
+/// write waits for that many replicas of its server. `rediss://` URLs use `tls` (the
+/// system's roots without).
+pub(crate) fn plan(
+    urls: &[String],
+    cluster: bool,
+    replicas: Option<u32>,
+    tls: Option<Tls>,
+) -> Result<Plan, Failure> {
     let bad_url = |err: RedisError| Failure::Usage(format!("invalid --redis URL: {err}"));
     let place = if cluster {
-        let client = ClusterClient::builder(urls.to_vec())
-            .retries(1)
-            .build()
-            .map_err(bad_url)?;
-        Place::Cluster(Box::new(client))
+        let mut builder = ClusterClient::builder(urls.to_vec()).retries(1);
+        // Certificates make redis-rs connect to every node over TLS: only with TLS options,
+        // which need rediss:// URLs.
+        if let Some(tls) = &tls {
+            builder = builder.certs(tls.certificates());
+        }
+        Place::Cluster(Box::new(builder.build().map_err(bad_url)?))
     } else {
+        let tls = tls.unwrap_or_default();
         let clients = urls
             .iter()
-            .map(|url| redis::Client::open(url.as_str()).map_err(bad_url))
+            .map(|url| {
+                tls.client(url.as_str())
+                    .map_err(|err| Failure::Usage(format!("invalid --redis URL: {err}")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Place::Servers(clients)
     };
@@ -319,7 +374,7 @@ mod tests {
     #[test]
     fn bad_urls_are_usage_errors() {
         for cluster in [false, true] {
-            let plan = plan(&["http://nope/".to_owned()], cluster, None);
+            let plan = plan(&["http://nope/".to_owned()], cluster, None, None);
             assert!(matches!(plan, Err(Failure::Usage(_))), "cluster: {cluster}");
         }
     }

@@ -59,7 +59,7 @@ impl Failure {
         match err {
             Error::InvalidInput(invalid) => Self::Usage(invalid.to_string()),
             Error::WrongType { .. } => Self::new(DATA, err.to_string()),
-            Error::Redis(redis) => Self::new(UNAVAILABLE, format!("{err}{}", cluster_hint(redis))),
+            Error::Redis(redis) => Self::new(UNAVAILABLE, format!("{err}{}", hint(redis))),
             _ => Self::new(UNAVAILABLE, err.to_string()),
         }
     }
@@ -76,16 +76,25 @@ impl Failure {
 
 /// Redis failed (or could not be reached) doing `what`: exit [`UNAVAILABLE`].
 pub(crate) fn redis_failure(what: &str, err: &RedisError) -> Failure {
-    Failure::new(UNAVAILABLE, format!("{what}: {err}{}", cluster_hint(err)))
+    Failure::new(UNAVAILABLE, format!("{what}: {err}{}", hint(err)))
 }
 
 /// What to add to a Redis error: how to fix it, when the server redirected the key to
-/// another node (a Redis Cluster node addressed without `--cluster`).
-fn cluster_hint(err: &RedisError) -> &'static str {
+/// another node (a Redis Cluster node addressed without `--cluster`), or a TLS handshake
+/// failed over a certificate.
+fn hint(err: &RedisError) -> &'static str {
+    let said = err.to_string();
     match err.code() {
         Some("MOVED" | "ASK") => {
             " (this server is a Redis Cluster node and another node serves the key: add \
              --cluster)"
+        }
+        _ if said.contains("invalid peer certificate") => {
+            " (the server's TLS certificate is not trusted: give the CA that signed it with \
+             --tls-ca-cert)"
+        }
+        _ if said.contains("CertificateRequired") || said.contains("BadCertificate") => {
+            " (the server wants a client certificate its CA signed: --tls-cert and --tls-key)"
         }
         _ => "",
     }

@@ -93,11 +93,24 @@ async fn execute(cli: &Cli, ui: Ui) -> Result<u8, Failure> {
         cluster: global.cluster,
     };
     check(&cli.command, target).map_err(Failure::Usage)?;
+    let tls_urls = match sentinel {
+        true => global
+            .sentinel
+            .iter()
+            .chain(&global.master)
+            .any(|url| connect::is_tls_url(url)),
+        false => urls.iter().any(|url| connect::is_tls_url(url)),
+    };
+    let client_cert = global.tls_cert.as_deref().zip(global.tls_key.as_deref());
+    let tls = connect::tls(global.tls_ca_cert.as_deref(), client_cert, tls_urls)?;
     let plan = match sentinel {
-        true => {
-            connect::sentinel_plan(&global.sentinel, global.master.as_deref(), global.replicas)?
-        }
-        false => connect::plan(&urls, global.cluster, global.replicas)?,
+        true => connect::sentinel_plan(
+            &global.sentinel,
+            global.master.as_deref(),
+            global.replicas,
+            tls,
+        )?,
+        false => connect::plan(&urls, global.cluster, global.replicas, tls)?,
     };
     match connect::connect(plan).await? {
         Target::Single(redis) => dispatch(&redis, &cli.command, ui).await,

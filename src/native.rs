@@ -1,0 +1,271 @@
+//! The lock primitives that newer servers have as commands, found out per connection.
+//!
+//! - Compare-and-delete: `DELIFEQ key value` (Valkey 9.0+), `DELEX key IFEQ value` (Redis
+//!   8.4+, Valkey 9.2+): deletes the key only if it holds exactly `value`.
+//! - Compare-and-set: `SET key value IFEQ old PX ttl` (Valkey 8.1+, Redis 8.4+): sets the
+//!   key (and its TTL) only if it holds exactly `old`.
+//!
+//! A server is asked what it has, once per connection (and again after a Sentinel failover
+//! to another primary, which may run another version), by `COMMAND INFO` and `COMMAND
+//! DOCS SET`: never by its version string, since Valkey reports `redis_version:7.2.4`
+//! whatever its own version. A server that then refuses the command anyway (a restart into
+//! an older version behind the same address, an ACL user without it) gets scripts from then
+//! on; the operation at hand goes by script.
+//!
+//! **Invariant.** A native command only ever stands in for a script's first step when that
+//! step would do exactly the same: a key that holds exactly the lock's value (no waiter's
+//! mark, the same metadata) is deleted, or extended with its value unchanged. Whenever the
+//! command changes nothing (the key is marked by a waiter, its metadata was rewritten by
+//! another handle of the same token, it is missing, someone else's, of another type), the
+//! script runs and decides, as it always did: hand-offs to fair waiters, announcements,
+//! `Missing` versus `Foreign`.
+//!
+//! Where: one server, a cluster (each command goes to the key's node, as the scripts do),
+//! and a Redlock quorum's refreshes. A quorum's releases keep their script: one command per
+//! master, so that a waiter of the same client, woken by one master's announcement, reaches
+//! every other master behind the delete there (a native delete that finds a waiter's mark,
+//! then the script, would leave a gap; measured: the waiter then found the lock held and
+//! slept 7.5 s for want of another announcement).
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, RedisError, RedisResult, Value};
+
+/// What was found: [`KNOWN`] and the commands the server has.
+const KNOWN: u8 = 1;
+const DELIFEQ: u8 = 2;
+const DELEX: u8 = 4;
+const SET_IFEQ: u8 = 8;
+
+/// The primitives a server behind one connection has, once found out.
+pub(crate) struct Natives {
+    /// The bits above; 0 while nobody asked.
+    found: AtomicU8,
+    /// The Sentinel epoch of the primary that was asked, plus one (0: not under Sentinel).
+    epoch: AtomicU64,
+    /// One question at a time: the tasks that come meanwhile wait for its answer.
+    asking: tokio::sync::Mutex<()>,
+}
+
+/// What one server has, as found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Found(u8);
+
+impl Natives {
+    pub(crate) fn new() -> Self {
+        Self {
+            found: AtomicU8::new(0),
+            epoch: AtomicU64::new(0),
+            asking: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// What the server behind `conn` has, asking it first when nobody has yet (or the
+    /// primary changed since: `epoch`, the current primary's Sentinel epoch). A server that
+    /// refuses to say (an ACL without `COMMAND`) has nothing native; a connection that fails
+    /// returns its error, and the next use asks again.
+    pub(crate) async fn found<C: ConnectionLike + Clone>(
+        &self,
+        conn: &C,
+        epoch: Option<u64>,
+    ) -> RedisResult<Found> {
+        if let Some(found) = self.known(epoch) {
+            return Ok(found);
+        }
+        let _asking = self.asking.lock().await;
+        if let Some(found) = self.known(epoch) {
+            return Ok(found);
+        }
+        let found = ask(&mut conn.clone()).await?;
+        tracing::debug!(?found, "what the server has natively");
+        self.epoch
+            .store(epoch.map_or(0, |epoch| epoch + 1), Ordering::Relaxed);
+        self.found.store(found.0, Ordering::Release);
+        Ok(found)
+    }
+
+    fn known(&self, epoch: Option<u64>) -> Option<Found> {
+        let found = self.found.load(Ordering::Acquire);
+        let same_primary = self.epoch.load(Ordering::Relaxed) == epoch.map_or(0, |epoch| epoch + 1);
+        (found & KNOWN != 0 && same_primary).then_some(Found(found))
+    }
+
+    /// The server refused a native command it was found to have (`err`: it does not know it
+    /// after all, as after a restart into an older version behind the same address, or the
+    /// ACL user may not run it): scripts from now on, until another primary is found.
+    pub(crate) fn give_up(&self, err: &RedisError) {
+        tracing::debug!(%err, "server refuses a native command; scripts from now on");
+        self.found.store(KNOWN, Ordering::Release);
+    }
+}
+
+impl Found {
+    /// `key` deleted only if it holds exactly `value`, when the server can: replies 1 when
+    /// deleted, else 0.
+    pub(crate) fn delete_if_equal(self, key: &str, value: &str) -> Option<Cmd> {
+        let mut cmd = Cmd::with_capacity(4, 16 + key.len() + value.len());
+        if self.0 & DELIFEQ != 0 {
+            cmd.arg("DELIFEQ").arg(key).arg(value);
+        } else if self.0 & DELEX != 0 {
+            cmd.arg("DELEX").arg(key).arg("IFEQ").arg(value);
+        } else {
+            return None;
+        }
+        Some(cmd)
+    }
+
+    /// `key` given `ttl_ms` only if it holds exactly `value` (which stays), when the server
+    /// can: replies OK when done, else nil.
+    pub(crate) fn extend_if_equal(self, key: &str, value: &str, ttl_ms: u64) -> Option<Cmd> {
+        if self.0 & SET_IFEQ == 0 {
+            return None;
+        }
+        let mut cmd = Cmd::with_capacity(7, 32 + key.len() + 2 * value.len());
+        cmd.arg("SET")
+            .arg(key)
+            .arg(value)
+            .arg("IFEQ")
+            .arg(value)
+            .arg("PX")
+            .arg(ttl_ms);
+        Some(cmd)
+    }
+}
+
+/// Asks the server which primitives it has: `COMMAND INFO` names a command it knows (nil for
+/// one it does not), and `COMMAND DOCS SET` lists SET's options (an error before Redis 7).
+/// One question after the other, not pipelined: on a cluster they may go to different nodes.
+/// An error reply (an ACL without `COMMAND`) counts as "none".
+async fn ask<C: ConnectionLike>(conn: &mut C) -> RedisResult<Found> {
+    let info = answer(
+        redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg("DELIFEQ")
+            .arg("DELEX")
+            .query_async(conn)
+            .await,
+    )?;
+    let docs = answer(
+        redis::cmd("COMMAND")
+            .arg("DOCS")
+            .arg("SET")
+            .query_async(conn)
+            .await,
+    )?;
+    let known = |index: usize| match &info {
+        Value::Array(commands) => commands
+            .get(index)
+            .is_some_and(|command| !matches!(command, Value::Nil)),
+        _ => false,
+    };
+    let mut found = KNOWN;
+    if known(0) {
+        found |= DELIFEQ;
+    }
+    if known(1) {
+        found |= DELEX;
+    }
+    if mentions_token(&docs, "IFEQ") {
+        found |= SET_IFEQ;
+    }
+    Ok(Found(found))
+}
+
+/// A reply, with the server's refusal as a reply like any other (nil): only a failed
+/// connection is an error.
+fn answer(reply: RedisResult<Value>) -> RedisResult<Value> {
+    match reply {
+        Err(err) if err.code().is_some() => Ok(Value::Nil),
+        reply => reply,
+    }
+}
+
+/// Whether a `COMMAND DOCS` reply has an argument with the token `token` (its text exactly,
+/// not a history line that mentions it), in RESP2's nested lists or RESP3's maps.
+fn mentions_token(value: &Value, token: &str) -> bool {
+    match value {
+        Value::BulkString(text) => text.eq_ignore_ascii_case(token.as_bytes()),
+        Value::SimpleString(text) => text.eq_ignore_ascii_case(token),
+        Value::Array(items) | Value::Set(items) => {
+            items.iter().any(|item| mentions_token(item, token))
+        }
+        Value::Map(pairs) => pairs
+            .iter()
+            .any(|(key, value)| mentions_token(key, token) || mentions_token(value, token)),
+        _ => false,
+    }
+}
+
+/// Whether `err` refuses a command as such: the server does not know it or one of its
+/// options, or the ACL user may not run it. (Not an error about the key, such as WRONGTYPE.)
+pub(crate) fn is_refused(err: &RedisError) -> bool {
+    is_syntax_error(err)
+        || err.code() == Some("NOPERM")
+        || (err.code() == Some("ERR")
+            && err
+                .detail()
+                .is_some_and(|detail| detail.to_ascii_lowercase().contains("unknown command")))
+}
+
+/// Whether `err` says the server does not understand a command's arguments.
+pub(crate) fn is_syntax_error(err: &RedisError) -> bool {
+    err.code() == Some("ERR") && err.detail().is_some_and(|d| d.contains("syntax error"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<other>".to_owned(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn delifeq_is_preferred_to_delex() {
+        let both = Found(KNOWN | DELIFEQ | DELEX);
+        let cmd = both.delete_if_equal("k", "22:v").expect("a command");
+        assert_eq!(args(&cmd), ["DELIFEQ", "k", "22:v"]);
+        let delex = Found(KNOWN | DELEX);
+        let cmd = delex.delete_if_equal("k", "22:v").expect("a command");
+        assert_eq!(args(&cmd), ["DELEX", "k", "IFEQ", "22:v"]);
+        assert!(Found(KNOWN | SET_IFEQ).delete_if_equal("k", "v").is_none());
+    }
+
+    #[test]
+    fn extend_keeps_the_value_it_compares() {
+        let cmd = Found(KNOWN | SET_IFEQ)
+            .extend_if_equal("k", "2:ab{}", 1500)
+            .expect("a command");
+        assert_eq!(
+            args(&cmd),
+            ["SET", "k", "2:ab{}", "IFEQ", "2:ab{}", "PX", "1500"]
+        );
+        assert!(
+            Found(KNOWN | DELIFEQ)
+                .extend_if_equal("k", "v", 1)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_token_counts_only_as_a_whole_text() {
+        let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        let docs = Value::Array(vec![
+            bulk("set"),
+            Value::Map(vec![(
+                bulk("history"),
+                Value::Array(vec![bulk("Added the `IFEQ` option.")]),
+            )]),
+        ]);
+        assert!(!mentions_token(&docs, "IFEQ"));
+        let with_argument =
+            Value::Array(vec![docs, Value::Array(vec![bulk("token"), bulk("IFEQ")])]);
+        assert!(mentions_token(&with_argument, "IFEQ"));
+    }
+}
