@@ -33,47 +33,59 @@
 //! # }
 //! ```
 //!
+//! New here? The [`guide`] explains every topic on a page of its own, starting
+//! with [getting started](crate::guide::getting_started).
+//!
 //! # Concepts
 //!
 //! - **Keys and value.** Every key of a lock stores the same value,
 //!   `"<token length>:<token><metadata>"` (see [`parse_value`]). Ownership is decided by the
-//!   exact token; the metadata is for humans and tools.
+//!   exact token; the metadata is for humans and tools. See the
+//!   [wire format](crate::guide::wire_format).
 //! - **Token.** 16 random bytes from a cryptographically secure RNG, base64 URL-safe
 //!   without padding, unless you pass your own with [`Options::token`]. Obtaining again
 //!   with the token of a lock you hold re-obtains it (re-entrancy).
 //! - **Deadline.** Obtain retries per its [`Retry`] strategy until a deadline; without
-//!   [`Options::timeout`] or [`Options::deadline`], **the deadline is the lock's TTL**.
+//!   [`Options::timeout`] or [`Options::deadline`], **the deadline is the lock's TTL**. See
+//!   [retries and deadlines](crate::guide::retries).
 //! - **Errors.** One [`Error`] enum; [`Error::is_not_obtained`] tells "somebody else holds
-//!   it" whatever ended the wait.
+//!   it" whatever ended the wait. See [errors](crate::guide::errors).
 //! - **Long work.** [`Client::with_lock`] and [`Lock::keep_alive`] keep a lock alive with a
 //!   watchdog; [`Lock::lost_signal`] tells the work when the lock is lost; a [`Guard`]
 //!   releases on drop; a cancelled obtain cleans up after itself; [`Options::fencing`] mints
-//!   fencing tokens. See the README's "Holding a lock for long work".
+//!   fencing tokens. See [long work and validity](crate::guide::long_work).
 //! - **Waiting.** A client from [`Client::connect`] wakes its waiting obtains when a lock is
 //!   released, over one shared pub/sub connection ([`Client::with_release_events`]). Waiters
 //!   queue in Redis, first come first served across processes, and a release hands the lock
-//!   straight to the first of them ([`Options::fair`]).
+//!   straight to the first of them ([`Options::fair`]). See
+//!   [waiting](crate::guide::waiting).
 //! - **Modes.** Pair a key with a [`Mode`] to hold it shared (a read lock) or as one of N
 //!   permits (a semaphore), mixed with exclusive keys in one atomic obtain:
 //!   `client.obtain_multi([("order", Mode::Exclusive), ("catalog", Mode::Shared)], ttl, &options)`.
+//!   See [shared and counted locks](crate::guide::shared_and_counted).
 //! - **Failover.** [`Client::connect_sentinel`] follows the primary of a Sentinel
 //!   deployment across failovers ([`SentinelConnection`]), and [`Client::replicated`] makes a
 //!   lock count only once N replicas acknowledged it (`WAIT`), so that a failover to one of
-//!   them keeps it; a Sentinel client waits for one replica by default ([`Replication`]).
+//!   them keeps it; a Sentinel client waits for every replica in sync by default
+//!   ([`Replication`]). See [failover](crate::guide::failover).
 //! - **Redlock.** [`Client::quorum`] makes one lock over N independent masters, with the same
-//!   API.
+//!   API. See [Redlock](crate::guide::redlock).
 //! - **Cluster.** All keys of one lock must live in one hash slot: give them a common hash
 //!   tag, like `{user42}:cart` and `{user42}:wallet`. With the `cluster` feature,
-//!   `Client::cluster` checks this before sending.
+//!   `Client::cluster` checks this before sending. See [Redis Cluster](crate::guide::cluster).
+//! - **Observing.** Every operation runs in a `tracing` span; with the `metrics` feature,
+//!   figures go through the `metrics` facade. See [observing](crate::guide::observing).
+//! - **Faults.** What the library promises under each fault, and how it is tested:
+//!   [faults](crate::guide::faults), [the history checker](crate::guide::history).
 //!
 //! # Features
 //!
 //! | feature | what it adds |
 //! |---|---|
 //! | `cluster` | `Client::cluster` over redis-rs's `cluster_async::ClusterConnection` (enables `redis/cluster-async`), the cross-slot check, `slot_number` |
-//! | `metrics` | counters, histograms and a gauge through the [`metrics`](https://docs.rs/metrics) facade, and `Options::metrics_label` (README: "Metrics") |
-//! | `blocking` | `lockset::blocking`: the same operations for synchronous code, on a runtime of their own |
-//! | `tls` | `rediss://` URLs over rustls (enables `redis/tokio-rustls-comp`): the system's roots by default; `Tls` for a private CA and client certificates, `Client::connect_with_tls`, `SentinelConfig::tls` |
+//! | `metrics` | counters, histograms and a gauge through the [`metrics`](https://docs.rs/metrics) facade, and `Options::metrics_label` (see [observing](crate::guide::observing#metrics)) |
+//! | `blocking` | `lockset::blocking`: the same operations for synchronous code, on a runtime of their own (see [the blocking API](crate::guide::blocking)) |
+//! | `tls` | `rediss://` URLs over rustls (enables `redis/tokio-rustls-comp`): the system's roots by default; `Tls` for a private CA and client certificates, `Client::connect_with_tls`, `SentinelConfig::tls` (see [TLS and logins](crate::guide::servers#tls-and-logins)) |
 
 // No panics and no printing in the library itself; tests, examples and test support may.
 #![warn(
@@ -92,6 +104,7 @@ mod distinct;
 mod error;
 mod fencing;
 mod guard;
+pub mod guide;
 mod key;
 mod lock;
 mod meter;

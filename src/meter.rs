@@ -1,6 +1,7 @@
 //! The figures lockset records through the `metrics` crate's facade (feature `metrics`):
-//! their names, units and labels, all in this file (the README's "Metrics" table lists the
-//! same), and the handles that record them. Without the feature every type here is empty and
+//! their names, units and labels, all in this file (the guide's
+//! [metrics table](crate::guide::observing#metrics) lists the same), and the handles that
+//! record them. Without the feature every type here is empty and
 //! every call does nothing.
 //!
 //! Labels stay low-cardinality: an outcome or a cause from a fixed set, and the lock family

@@ -1,5 +1,5 @@
 //! How a lock holds each of its keys: alone (exclusive), shared with other readers, or as
-//! one of a limited number of permits. See the README's "Shared and counted locks".
+//! one of a limited number of permits. See [the guide](crate::guide::shared_and_counted).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -48,7 +48,7 @@ use crate::key::IntoKey;
 /// exclusive ones; permit holders of a key number at most its limit, and exclude exclusive
 /// ones. Shared and permit holders each expire with their own TTL. Once an exclusive obtain
 /// waits for a key's shared or permit holders to leave, no new such holder is let in (see the
-/// README for the bound).
+/// [the guide](crate::guide::shared_and_counted) for the bound).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Mode {
