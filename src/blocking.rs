@@ -108,6 +108,8 @@ fn refuse_inside_runtime() -> Result<()> {
 /// A blocking [`crate::Client`]: the same operations, each blocking until done. Cheap to
 /// clone; clones share the connection and the runtime.
 ///
+/// See the guide: [the blocking API](crate::guide::blocking).
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use lockset::{Mode, Options};

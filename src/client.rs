@@ -39,6 +39,8 @@ use crate::waiting::policy::{self, Held, Limit, Step, Waiter, Watch};
 /// Cluster (`Client::cluster`, feature `cluster`), or on a Redlock quorum of independent
 /// masters ([`Client::quorum`]), with the same operations on each.
 ///
+/// See the guide: [getting started](crate::guide::getting_started).
+///
 /// `Client` wraps any redis-rs async connection: a
 /// [`ConnectionManager`] (recommended: it reconnects after
 /// the connection drops) or a [`MultiplexedConnection`](redis::aio::MultiplexedConnection)
@@ -75,6 +77,8 @@ impl<C> Clone for Client<C> {
 impl Client<redis::cluster_async::ClusterConnection> {
     /// A client for a Redis Cluster (feature `cluster`).
     ///
+    /// See the guide: [Redis Cluster](crate::guide::cluster).
+    ///
     /// Before anything is sent, every key of a lock, and its fencing counter, must hash to
     /// one slot, else [`InvalidInput::CrossSlot`] names the keys and their slots: give them a
     /// common hash tag (`{user42}:cart`, `{user42}:wallet`). A script the node serving the
@@ -101,6 +105,8 @@ impl Client<redis::cluster_async::ClusterConnection> {
     /// Connects to a Redis Cluster through the seed nodes `nodes` (feature `cluster`), with
     /// release events on: waiters listen with sharded pub/sub (SSUBSCRIBE, or SUBSCRIBE
     /// before Redis 7) on the shard that owns the key, following slot moves.
+    ///
+    /// See the guide: [Redis Cluster](crate::guide::cluster).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockset::Error> {
@@ -131,6 +137,8 @@ impl Client<ConnectionManager> {
     /// (see [`Client::with_release_events`]). With the `tls` feature, a `rediss://` URL
     /// connects over TLS, trusting the system's roots (see [`Client::connect_with_tls`] for
     /// others).
+    ///
+    /// See the guide: [getting started](crate::guide::getting_started).
     ///
     /// # Errors
     ///
@@ -197,6 +205,8 @@ impl Client<SentinelConnection> {
     /// primary too) and lock writes replicated as `config` says (by default: every replica
     /// the primary has in sync acknowledges each obtain and refresh; see
     /// [`Client::replicated`] and [`Replication::all`]).
+    ///
+    /// See the guide: [failover](crate::guide::failover).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lockset::Error> {
@@ -299,6 +309,8 @@ where
 
     /// Turns release events off for this client and all its clones: its releases announce
     /// nothing, and its waiters only poll per their retry strategy.
+    ///
+    /// See the guide: [waiting](crate::guide::waiting).
     ///
     /// Use it for a Redis user without channel rights (Redis 7's default
     /// `acl-pubsub-default resetchannels` forbids every channel; releases still delete every
@@ -403,6 +415,8 @@ where
 
     /// A Redlock client: one lock over the independent masters behind `nodes` (single-server
     /// clients, typically 3 or 5), with the same operations as a single-server client.
+    ///
+    /// See the guide: [Redlock](crate::guide::redlock).
     ///
     /// Every operation goes to all masters at once and counts when a majority (N/2 + 1)
     /// agrees. An obtain succeeds only if a majority locked the whole key set and the validity
@@ -587,6 +601,8 @@ where
     /// refreshes (and a guard's watchdog) extend to; its metadata is `options`' metadata.
     /// The handle has no fencing token.
     ///
+    /// See the guide: [the command line](crate::guide::command_line).
+    ///
     /// Unlike a re-obtain by the same token, this never takes keys that are free: a lock
     /// that expired stays lost.
     ///
@@ -665,6 +681,8 @@ where
 
     /// Obtains `keys`, runs `work` while a watchdog keeps the lock alive, then releases the
     /// lock and returns `work`'s output.
+    ///
+    /// See the guide: [long work and validity](crate::guide::long_work).
     ///
     /// `work` receives the lock's [`LostSignal`]; select on it to stop when the lock is lost.
     /// The lock is released when `work` finishes, whatever it returns, and also when it

@@ -6,6 +6,8 @@ use crate::mode::Mode;
 
 /// What went wrong with a lock operation.
 ///
+/// See the guide: [errors and what to do](crate::guide::errors).
+///
 /// Match on the variants you care about; three helper methods group the ones that mean the
 /// same thing to most callers, by what a caller does next:
 ///

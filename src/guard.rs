@@ -17,6 +17,8 @@ use crate::options::Options;
 
 /// A [`Lock`] that is released when dropped, optionally kept alive by a watchdog.
 ///
+/// See the guide: [long work and validity](crate::guide::long_work).
+///
 /// Made by [`Lock::into_guard`], [`Lock::keep_alive`] or [`Lock::keep_alive_every`]; used by
 /// [`Client::with_lock`](crate::Client::with_lock). Derefs to the [`Lock`] for its keys,
 /// token, TTL and [`lost_signal`](Lock::lost_signal).

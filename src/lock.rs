@@ -28,6 +28,8 @@ use crate::waiting::policy::{self, Step, Waiter, Watch};
 /// A lock on one or more keys, returned by [`Client::obtain`](crate::Client::obtain) and
 /// [`Client::obtain_multi`](crate::Client::obtain_multi).
 ///
+/// See the guide: [long work and validity](crate::guide::long_work).
+///
 /// Dropping a `Lock` does not release it: the keys expire with their TTL. Call
 /// [`Lock::release`] to free them early and to learn whether they were still ours, or turn
 /// it into a [`Guard`](crate::Guard) that releases on drop and can keep the lock alive.
@@ -224,6 +226,8 @@ where
     }
 
     /// Until when the lock is known to be valid, by the local monotonic clock.
+    ///
+    /// See the guide: [validity](crate::guide::long_work#validity-what-the-holder-may-believe).
     ///
     /// It is the moment the last successful obtain or refresh was *sent*, plus its TTL (less
     /// Redlock's drift allowance): the keys expire no earlier on the server. A lock handed

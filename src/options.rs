@@ -20,6 +20,8 @@ enum Limit {
 /// Settings for [`Client::obtain`](crate::Client::obtain) and
 /// [`Lock::refresh`](crate::Lock::refresh).
 ///
+/// See the guide: [retries and deadlines](crate::guide::retries).
+///
 /// `Options::default()` tries once ([`Retry::NoRetry`]), with a random token, no metadata,
 /// and the default deadline. One `Options` can be shared by any number of calls and tasks:
 /// each call builds its own retry state.
@@ -61,6 +63,8 @@ pub(crate) fn default_waiter_lease(ttl: Duration) -> Duration {
 
 impl Options {
     /// The retry strategy. Defaults to [`Retry::NoRetry`].
+    ///
+    /// See the guide: [retries and deadlines](crate::guide::retries).
     #[must_use]
     pub fn retry(mut self, retry: Retry) -> Self {
         self.retry = retry;
@@ -126,6 +130,8 @@ impl Options {
     /// [`Lock::fencing_token`](crate::Lock::fencing_token)), from a counter key derived from
     /// the lock's first key by [`fencing_key_for`](crate::fencing_key_for). Off by default;
     /// locks without fencing pay nothing for it.
+    ///
+    /// See the guide: [fencing tokens](crate::guide::long_work).
     #[must_use]
     pub fn fencing(mut self) -> Self {
         self.fencing = Some(Fencing::Derived);
@@ -153,6 +159,8 @@ impl Options {
     /// and the longest the caller will wait: for metrics without `tracing`. It runs on the
     /// caller's task, so keep it short. The same is logged as a `lockset::retry` debug event.
     ///
+    /// See the guide: [observing](crate::guide::observing).
+    ///
     /// ```
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicU64, Ordering};
@@ -174,6 +182,8 @@ impl Options {
 
     /// Whether a waiting obtain queues for the lock (`true`, the default) or takes it as it
     /// comes free, racing every other waiter (`false`, "barging").
+    ///
+    /// See the guide: [waiting and fair hand-off](crate::guide::waiting#fair-waiting-a-queue-in-redis-and-a-direct-hand-off).
     ///
     /// A fair waiter that finds a key held takes a place in the key's queue in Redis, first
     /// come first served across every client and process, whatever mode it wants the key in.
@@ -205,6 +215,8 @@ impl Options {
     /// crashed, or was cut off from Redis, stops holding up the queue within this time.
     /// The waiter renews it every third of it while it waits.
     ///
+    /// See the guide: [fair waiting](crate::guide::waiting#fair-waiting-a-queue-in-redis-and-a-direct-hand-off).
+    ///
     /// A lock handed to a waiter is held for no longer than what is left of its lease, so
     /// a waiter that died blocks it no longer; the new holder takes it without a round trip
     /// when that is (nearly) its full TTL, and otherwise makes it its own for the full TTL
@@ -220,6 +232,8 @@ impl Options {
     /// Names the lock family this call's metrics go to (feature `metrics`): every figure of
     /// the obtain, and of the lock it returns (its refreshes, release, loss and hold time),
     /// carries the label `lock="<name>"`. Without it, they carry no such label.
+    ///
+    /// See the guide: [metrics](crate::guide::observing#metrics).
     ///
     /// Name families, never single locks: each name is a series of its own in every metric
     /// (keep their number small, like a handful of job kinds), and a key or a token must

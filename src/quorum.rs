@@ -50,6 +50,8 @@ use crate::tasks::Tasks;
 
 /// Settings of a Redlock quorum ([`Client::quorum`](crate::Client::quorum)).
 ///
+/// See the guide: [Redlock](crate::guide::redlock).
+///
 /// ```
 /// use std::time::Duration;
 /// use lockset::QuorumConfig;

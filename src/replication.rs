@@ -47,6 +47,8 @@ use crate::waiting::events::lock;
 /// How many replicas must acknowledge a lock's writes before the lock counts as obtained or
 /// refreshed (see [`Client::replicated`](crate::Client::replicated)).
 ///
+/// See the guide: [failover](crate::guide::failover).
+///
 /// The default of a Sentinel client ([`SentinelConfig`](crate::SentinelConfig)) is
 /// [`Replication::all`], within 250 ms: every replica the primary has in sync, so that
 /// whichever a failover promotes has the lock, also in a promotion on purpose or a partition,

@@ -71,6 +71,8 @@ impl Jitter {
 
 /// A retry strategy: what to wait between attempts, and when to give up.
 ///
+/// See the guide: [retries and deadlines](crate::guide::retries).
+///
 /// Strategies compose: [`Retry::limit`] caps the number of retries of any strategy and
 /// [`Retry::jitter`] randomises its delays. The default is [`Retry::NoRetry`].
 ///

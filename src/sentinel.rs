@@ -58,6 +58,8 @@ const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// primary by, how to log in to the data nodes, and how many replicas must acknowledge a
 /// lock's writes (used by [`Client::connect_sentinel`](crate::Client::connect_sentinel)).
 ///
+/// See the guide: [failover](crate::guide::failover).
+///
 /// ```
 /// # fn demo() -> Result<(), lockset::Error> {
 /// use std::time::Duration;

@@ -25,6 +25,8 @@ use crate::error::{InvalidInput, Result};
 /// [`Client::connect_with_tls`](crate::Client::connect_with_tls) or
 /// [`SentinelConfig::tls`](crate::SentinelConfig::tls).
 ///
+/// See the guide: [TLS and logins](crate::guide::servers#tls-and-logins).
+///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockset::Error> {
 /// use lockset::{Client, Tls};

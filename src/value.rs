@@ -114,6 +114,8 @@ impl fmt::Debug for Owner {
 /// Splits a stored lock value into its token and metadata, or `None` when the value was
 /// not written by this crate. A leading `!` (somebody waits for the lock) is skipped.
 ///
+/// See the guide: [the wire format](crate::guide::wire_format).
+///
 /// Useful to see who holds a key:
 ///
 /// ```

@@ -51,6 +51,8 @@ return out";
 /// The waiters in `key`'s queue on the server behind `conn`, first come first: empty when
 /// nobody waits, or the key has no queue (a key without a hash tag that contains `}`).
 ///
+/// See the guide: [observing](crate::guide::observing).
+///
 /// Only fair waiters queue (see [`Options::fair`](crate::Options::fair)): a client that
 /// barges, or a Redlock quorum's, waits without a place in any queue. On a Redlock quorum,
 /// ask each master.
