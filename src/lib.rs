@@ -86,6 +86,7 @@
 //! | `metrics` | counters, histograms and a gauge through the [`metrics`](https://docs.rs/metrics) facade, and `Options::metrics_label` (see [observing](crate::guide::observing#metrics)) |
 //! | `blocking` | `lockset::blocking`: the same operations for synchronous code, on a runtime of their own (see [the blocking API](crate::guide::blocking)) |
 //! | `tls` | `rediss://` URLs over rustls (enables `redis/tokio-rustls-comp`): the system's roots by default; `Tls` for a private CA and client certificates, `Client::connect_with_tls`, `SentinelConfig::tls` (see [TLS and logins](crate::guide::servers#tls-and-logins)) |
+//! | `cli` | the `lockset` command line (`cargo install --path . --features cli`; implies `cluster` and `tls`; see [the command line](crate::guide::command_line)) |
 
 // No panics and no printing in the library itself; tests, examples and test support may.
 #![warn(
