@@ -155,7 +155,8 @@ async fn lock_then_lose_the_primary(death: Death) -> (bool, bool) {
     let plain = Client::connect_sentinel(failover.config(Replication::none()))
         .await
         .unwrap();
-    let ttl = ms(60_000);
+    // Longer than any failover the test waits for (FAILOVER_WITHIN).
+    let ttl = ms(120_000);
     let r_lock = replicated
         .obtain("r", ttl, &Options::default())
         .await

@@ -34,7 +34,7 @@ pub const SENTINEL_PASSWORD: &str = "sentinel-secret";
 const ADMIN_PASSWORD: &str = "admin-secret";
 
 /// How long a failover may take on a loaded machine before a test gives up.
-pub const FAILOVER_WITHIN: Duration = Duration::from_secs(30);
+pub const FAILOVER_WITHIN: Duration = Duration::from_secs(60);
 
 impl Failover {
     /// A primary, `replicas` replicas of it (all in sync), and three sentinels that know
