@@ -350,9 +350,21 @@ pub fn is_synced_replica(info: &str) -> bool {
     info.contains("role:slave") && info.contains("master_link_status:up")
 }
 
-/// Whether the replica at `port` is in sync (see [`is_synced_replica`]).
+/// Whether the replica at `port` is in sync: it says so (see [`is_synced_replica`]), and
+/// its primary lists it `state=online`, as the library's count of replicas requires. Each
+/// can come first: Valkey 9's primary lists a replica that still loads, Redis 7's replica
+/// says `up` a moment before its primary has its first acknowledgement.
 pub fn replica_in_sync(port: u16) -> bool {
-    is_synced_replica(&cli(port, &["INFO", "replication"]))
+    let info = cli(port, &["INFO", "replication"]);
+    let primary_port = info
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("master_port:"))
+        .and_then(|port| port.parse::<u16>().ok());
+    is_synced_replica(&info)
+        && primary_port.is_some_and(|primary| {
+            let listed = format!("port={port},state=online");
+            cli(primary, &["INFO", "replication"]).contains(&listed)
+        })
 }
 
 /// The lock primitives the server at `port` has as commands, by its own word (`COMMAND
