@@ -44,6 +44,7 @@ async fn obtained_within(waiter: Waiter, since: Instant, within: Duration, what:
         .unwrap()
         .unwrap_or_else(|err| panic!("{what}: {err}"));
     let took = since.elapsed();
+    println!("{what}: obtained {took:?} after the release");
     assert!(
         took < within,
         "{what}: obtained only {took:?} after the release"
