@@ -133,8 +133,13 @@ impl Failover {
     /// A client configuration for this deployment, with `replication` (and the lock user's
     /// login, when secured).
     pub fn config(&self, replication: Replication) -> SentinelConfig {
+        // Generous timeouts: ten deployments start at once in the kill trials, and under a
+        // load of 14 on two cores a sentinel took longer than the default 500 ms to answer
+        // (connect failed in 2 of 10 runs). What the tests time is the failover, not these.
         let config = SentinelConfig::new(self.sentinel_urls(), MASTER)
             .expect("sentinel config")
+            .connection_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(2))
             .replication(replication);
         match self.secured {
             true => config.username(LOCK_USER).password(LOCK_PASSWORD),
