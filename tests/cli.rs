@@ -878,6 +878,127 @@ fn every_help_page_is_complete_on_its_own() {
     assert!(help(&["status"]).contains("--json"));
 }
 
+/// The subcommands `lockset --help` lists, clap's own `help` aside: read from the program's
+/// grammar, so that a subcommand added later is checked without editing a list here.
+fn subcommands() -> Vec<String> {
+    let top = finish(lockset(&[]).arg("--help"));
+    assert_eq!(top.code, Some(0), "{top:?}");
+    let (_, listed) = top
+        .stdout
+        .split_once("Commands:\n")
+        .expect("a Commands section");
+    let names: Vec<String> = listed
+        .lines()
+        .take_while(|line| line.starts_with("  "))
+        .filter(|line| !line.starts_with("   "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_owned)
+        .collect();
+    for known in ["run", "status", "man", "completions"] {
+        assert!(
+            names.iter().any(|name| name == known),
+            "{known} in {names:?}"
+        );
+    }
+    names
+}
+
+#[test]
+fn man_writes_a_page_for_lockset_and_each_subcommand_saying_what_help_says() {
+    let scratch = Scratch::new("man");
+    let dir = scratch.path("share/man/man1");
+    let out = finish(lockset(&[]).args(["man", &dir]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert_eq!(out.stdout, "", "the pages go to DIR only");
+    let page = |name: &str| {
+        let text = std::fs::read_to_string(format!("{dir}/{name}")).expect(name);
+        assert!(
+            text.starts_with(".ie") || text.contains(".TH"),
+            "{name} is roff: {text}"
+        );
+        text
+    };
+    let top = page("lockset.1");
+    assert!(top.contains("Exit status"), "{top}");
+    let subs = subcommands();
+    for sub in &subs {
+        assert!(
+            top.contains(&format!("lockset\\-{sub}")),
+            "{sub} in lockset.1: {top}"
+        );
+        let own = page(&format!("lockset-{sub}.1"));
+        let help = finish(lockset(&[]).args([sub, "--help"])).stdout;
+        let first_line = help.lines().next().expect("a help text");
+        let first_words: String = first_line
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            own.contains(&first_words),
+            "{sub}: {first_words:?} in {own}"
+        );
+    }
+    let written = std::fs::read_dir(&dir).expect("DIR").count();
+    assert_eq!(
+        written,
+        subs.len() + 1,
+        "lockset.1 and one page per subcommand"
+    );
+    assert!(page("lockset-run.1").contains("kill\\-after"));
+}
+
+#[test]
+fn man_into_a_directory_it_cannot_create_exits_71_saying_so() {
+    let scratch = Scratch::new("man-blocked");
+    std::fs::write(scratch.path("file"), "").expect("a file");
+    let out = finish(lockset(&[]).args(["man", &scratch.path("file/man1")]));
+    assert_eq!(out.code, Some(71), "{out:?}");
+    assert!(out.stderr.contains("cannot write the man pages"), "{out:?}");
+}
+
+#[test]
+fn completions_for_bash_zsh_and_fish_complete_every_subcommand() {
+    let subs = subcommands();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = finish(lockset(&[]).args(["completions", shell]));
+        assert_eq!(out.code, Some(0), "{shell}: {out:?}");
+        assert!(out.stdout.len() > 1000, "{shell}: {}", out.stdout);
+        for sub in subs.iter().chain(&["--redis".to_owned()]) {
+            let sub = sub.trim_start_matches('-');
+            assert!(out.stdout.contains(sub), "{shell}: {sub}");
+        }
+    }
+    let scratch = Scratch::new("completions");
+    let bash = finish(lockset(&[]).args(["completions", "bash"])).stdout;
+    std::fs::write(scratch.path("lockset.bash"), bash).expect("write");
+    let syntax = Command::new("bash")
+        .args(["-n", &scratch.path("lockset.bash")])
+        .status()
+        .expect("bash");
+    assert!(syntax.success(), "bash reads the script");
+    let out = finish(lockset(&[]).args(["completions", "tcsh"]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+}
+
+#[test]
+fn help_documents_man_and_completions() {
+    let top = finish(lockset(&[]).arg("--help")).stdout;
+    assert!(top.contains("man pages"), "{top}");
+    assert!(top.contains("completion script"), "{top}");
+    for sub in ["man", "completions"] {
+        let page = finish(lockset(&[]).args([sub, "--help"])).stdout;
+        for part in [
+            "lockset man /usr/local/share/man/man1",
+            "lockset completions bash >",
+            "Exit status:",
+        ] {
+            assert!(page.contains(part), "{sub}: {part} in {page}");
+        }
+    }
+}
+
 #[test]
 fn a_token_that_starts_with_a_hyphen_is_still_a_token() {
     // Tokens are URL-safe base64: one in 64 starts with '-'.

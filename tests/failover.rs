@@ -186,7 +186,7 @@ async fn a_replicated_lock_survives_its_primary_killed_at_once() {
     let trials: usize = std::env::var("LOCKSET_FAILOVER_TRIALS")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(50);
+        .unwrap_or_else(|| support::repetitions(10, 50));
     // Several deployments at once, so that 50 failovers take half a minute, not four. Half
     // the primaries are killed, half crash.
     let at_once = 10;

@@ -267,6 +267,17 @@ pub fn skipping(test: &str, why: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
+/// How many times a statistical scenario repeats itself: `quick` in the README's test command,
+/// `full` with `LOCKSET_SLOW_TESTS=1` (which `.ci/run` sets), the sample the README's figures
+/// quote. Both check the same invariant on every repetition; the full sample only makes a rare
+/// breach likelier to show.
+pub fn repetitions(quick: usize, full: usize) -> usize {
+    match std::env::var("LOCKSET_SLOW_TESTS").as_deref() {
+        Ok("1") => full,
+        _ => quick,
+    }
+}
+
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }

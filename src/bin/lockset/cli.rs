@@ -19,7 +19,7 @@ Exit status:
   70     the lock was lost (run: while the command ran or was stopped; refresh/release:
          it is not ours)
   71     a local system error (cannot catch signals, wait for the command, or print;
-         acquire/status: stdout is closed)
+         acquire/status: stdout is closed; man: cannot write DIR)
   75     the lock is held by someone else (change with --conflict-exit-code)
   126    run: the command could not be executed
   127    run: the command was not found
@@ -165,9 +165,49 @@ pub(crate) struct Global {
     pub(crate) verbose: u8,
 }
 
-/// The subcommands.
+/// The subcommands: those that work on locks, and those that write `lockset`'s own manual
+/// and completions.
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// The subcommands that work on locks in Redis.
+    #[command(flatten)]
+    Lock(LockCommand),
+
+    /// Write the man pages, lockset.1 and lockset-SUBCOMMAND.1 for each subcommand, into DIR.
+    #[command(
+        long_about = "Write the man pages, lockset.1 and lockset-SUBCOMMAND.1 for each \
+            subcommand, into DIR (created if missing). They say what `--help` says: both \
+            come from the same definitions. Nothing is sent to Redis.",
+        after_help = INSTALL_HELP
+    )]
+    Man(ManArgs),
+
+    /// Print the completion script for SHELL (bash, zsh, fish, elvish, powershell) on stdout.
+    #[command(
+        long_about = "Print the completion script for SHELL (bash, zsh, fish, elvish, \
+            powershell) on stdout: subcommands, options and their values complete on TAB. \
+            Nothing is sent to Redis.",
+        after_help = INSTALL_HELP
+    )]
+    Completions(CompletionsArgs),
+}
+
+/// The text after `man --help` and `completions --help`: where the files go.
+const INSTALL_HELP: &str = "\
+Installing them (as root, where man and the shells look by default):
+  lockset man /usr/local/share/man/man1
+  lockset completions bash > /usr/local/share/bash-completion/completions/lockset
+  lockset completions zsh > /usr/local/share/zsh/site-functions/_lockset
+  lockset completions fish > /usr/local/share/fish/vendor_completions.d/lockset.fish
+
+Exit status:
+  0   success
+  64  bad usage
+  71  man: cannot write DIR; completions: cannot print";
+
+/// The subcommands that work on locks in Redis.
+#[derive(Debug, Subcommand)]
+pub(crate) enum LockCommand {
     /// Run a command while holding every KEY; release them when it exits.
     #[command(
         long_about = "Run a command while holding every KEY; release them when it exits.\n\n\
@@ -260,7 +300,18 @@ pub(crate) enum Command {
     Status(StatusArgs),
 }
 
-impl Command {
+impl LockCommand {
+    /// The subcommand's name, as typed.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Run(_) => "run",
+            Self::Acquire(_) => "acquire",
+            Self::Refresh(_) => "refresh",
+            Self::Release(_) => "release",
+            Self::Status(_) => "status",
+        }
+    }
+
     /// Puts `run --key` values before the KEY arguments: from then on, `keys` holds them all.
     pub(crate) fn gather_keys(&mut self) {
         if let Self::Run(run) = self {
@@ -393,6 +444,22 @@ pub(crate) struct StatusArgs {
     pub(crate) keys: Vec<String>,
 }
 
+/// Options of `man`.
+#[derive(Debug, Args)]
+pub(crate) struct ManArgs {
+    /// The directory to write the man pages into, such as /usr/local/share/man/man1.
+    #[arg(value_name = "DIR")]
+    pub(crate) dir: std::path::PathBuf,
+}
+
+/// Options of `completions`.
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_name = "SHELL")]
+    pub(crate) shell: clap_complete::Shell,
+}
+
 /// An exit status: 0 to 255.
 fn exit_status(text: &str) -> Result<u8, String> {
     text.trim()
@@ -436,7 +503,7 @@ mod tests {
         .unwrap();
         assert_eq!(cli.global.redis, ["redis://a/"]);
         assert_eq!(cli.global.verbose, 1);
-        let Command::Run(run) = cli.command else {
+        let Command::Lock(LockCommand::Run(run)) = cli.command else {
             panic!("not run")
         };
         assert_eq!(run.obtain.ttl, Duration::from_secs(5));
@@ -448,7 +515,7 @@ mod tests {
     fn the_command_keeps_its_own_options() {
         let cli =
             Cli::try_parse_from(["lockset", "run", "k", "--", "ls", "-l", "--", "-v"]).unwrap();
-        let Command::Run(run) = cli.command else {
+        let Command::Lock(LockCommand::Run(run)) = cli.command else {
             panic!("not run")
         };
         assert_eq!(run.command, ["ls", "-l", "--", "-v"]);

@@ -2,7 +2,8 @@
 //!
 //! `lockset run KEY... -- COMMAND` holds every key while the command runs; `acquire`,
 //! `refresh` and `release` hold a lock across the steps of a shell script; `status` shows
-//! who holds what. See `lockset --help` and the README's "Command line" section.
+//! who holds what; `man` and `completions` write its man pages and shell completions. See
+//! `lockset --help` and the README's "Command line" section.
 
 mod child;
 mod cli;
@@ -11,6 +12,7 @@ mod duration;
 mod exit;
 mod holder;
 mod identity;
+mod manual;
 mod obtain;
 mod run;
 mod signals;
@@ -27,7 +29,7 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory as _, Parser as _};
 use lockset::redis::aio::ConnectionLike;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, Global, LockCommand};
 use crate::connect::{Redis, Target};
 use crate::exit::{Failure, USAGE};
 use crate::signals::Signals;
@@ -39,43 +41,59 @@ const SETTLE: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
     signals::shield_writes();
-    let mut cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return ExitCode::from(usage(&err)),
     };
-    cli.command.gather_keys();
     let ui = Ui::new(cli.global.quiet, cli.global.verbose);
-    ui.init_logs();
+    let code = match cli.command {
+        Command::Lock(mut command) => {
+            command.gather_keys();
+            ui.init_logs();
+            let outcome = lock(&cli.global, &command, ui);
+            exit_code(outcome, command.name(), ui)
+        }
+        Command::Man(args) => exit_code(manual::man(&args.dir), "man", ui),
+        Command::Completions(args) => exit_code(manual::completions(args.shell), "completions", ui),
+    };
+    ExitCode::from(code)
+}
+
+/// Runs a subcommand that works on locks, on a runtime of its own.
+fn lock(global: &Global, command: &LockCommand, ui: Ui) -> Result<u8, Failure> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
-    let outcome = match runtime {
-        Ok(runtime) => runtime.block_on(execute(&cli, ui)),
+    match runtime {
+        Ok(runtime) => runtime.block_on(execute(global, command, ui)),
         Err(err) => Err(Failure::new(exit::SYSTEM, format!("cannot start: {err}"))),
-    };
-    let code = match outcome {
+    }
+}
+
+/// The exit status of the subcommand `name`, after saying why it failed.
+fn exit_code(outcome: Result<u8, Failure>, name: &str, ui: Ui) -> u8 {
+    match outcome {
         Ok(code) => code,
-        Err(Failure::Usage(message)) => usage_in(&cli.command, &message),
+        Err(Failure::Usage(message)) => usage_in(name, &message),
         Err(Failure::Exit { code, message }) => {
             if let Some(message) = message {
                 ui.say(&message);
             }
             code
         }
-    };
-    ExitCode::from(code)
+    }
 }
 
 /// Checks the input, connects, and runs the subcommand.
-async fn execute(cli: &Cli, ui: Ui) -> Result<u8, Failure> {
-    if matches!(cli.command, Command::Acquire(_) | Command::Status(_)) && stdio::stdout_was_closed()
+async fn execute(global: &Global, command: &LockCommand, ui: Ui) -> Result<u8, Failure> {
+    if matches!(command, LockCommand::Acquire(_) | LockCommand::Status(_))
+        && stdio::stdout_was_closed()
     {
         return Err(Failure::new(
             exit::SYSTEM,
             "stdout is closed: nobody could read what this prints (nothing was sent to Redis)",
         ));
     }
-    let global = &cli.global;
     let sentinel = !global.sentinel.is_empty();
     if !sentinel && global.master.is_some() {
         return Err(Failure::Usage(
@@ -92,7 +110,7 @@ async fn execute(cli: &Cli, ui: Ui) -> Result<u8, Failure> {
         urls: if sentinel { 1 } else { urls.len() },
         cluster: global.cluster,
     };
-    check(&cli.command, target).map_err(Failure::Usage)?;
+    check(command, target).map_err(Failure::Usage)?;
     let tls_urls = match sentinel {
         true => global
             .sentinel
@@ -113,9 +131,9 @@ async fn execute(cli: &Cli, ui: Ui) -> Result<u8, Failure> {
         false => connect::plan(&urls, global.cluster, global.replicas, tls)?,
     };
     match connect::connect(plan).await? {
-        Target::Single(redis) => dispatch(&redis, &cli.command, ui).await,
-        Target::Cluster(redis) => dispatch(&redis, &cli.command, ui).await,
-        Target::Sentinel(redis) => dispatch(&redis, &cli.command, ui).await,
+        Target::Single(redis) => dispatch(&redis, command, ui).await,
+        Target::Cluster(redis) => dispatch(&redis, command, ui).await,
+        Target::Sentinel(redis) => dispatch(&redis, command, ui).await,
     }
 }
 
@@ -128,9 +146,9 @@ fn given_on_command_line(redis: &[String]) -> bool {
 }
 
 /// Everything about the input that can be checked without Redis.
-fn check(command: &Command, target: validate::Target) -> Result<(), String> {
+fn check(command: &LockCommand, target: validate::Target) -> Result<(), String> {
     match command {
-        Command::Run(args) => {
+        LockCommand::Run(args) => {
             validate::keys(&args.keys, target, Use::Lock)?;
             validate::command(&args.command)?;
             if args.obtain.fencing {
@@ -138,16 +156,16 @@ fn check(command: &Command, target: validate::Target) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Acquire(args) => {
+        LockCommand::Acquire(args) => {
             validate::keys(&args.keys, target, Use::Lock)?;
             if args.obtain.fencing {
                 validate::fencing(&args.keys, target)?;
             }
             Ok(())
         }
-        Command::Refresh(args) => validate::keys(&args.keys, target, Use::Lock),
-        Command::Release(args) => validate::keys(&args.keys, target, Use::Lock),
-        Command::Status(args) => {
+        LockCommand::Refresh(args) => validate::keys(&args.keys, target, Use::Lock),
+        LockCommand::Release(args) => validate::keys(&args.keys, target, Use::Lock),
+        LockCommand::Status(args) => {
             // `--watch 2s KEY` would look at a key named "2s".
             if let (Some(_), Some(first)) = (args.watch, args.keys.first())
                 && duration::positive(first).is_ok()
@@ -162,16 +180,16 @@ fn check(command: &Command, target: validate::Target) -> Result<(), String> {
 }
 
 /// Runs the subcommand on a connected backend.
-async fn dispatch<C>(redis: &Redis<C>, command: &Command, ui: Ui) -> Result<u8, Failure>
+async fn dispatch<C>(redis: &Redis<C>, command: &LockCommand, ui: Ui) -> Result<u8, Failure>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let outcome = match command {
-        Command::Run(args) => run::run(redis, args, ui, &mut listen()?).await,
-        Command::Acquire(args) => token::acquire(redis, args, ui, &mut listen()?).await,
-        Command::Refresh(args) => token::refresh(redis, args).await,
-        Command::Release(args) => token::release(redis, args).await,
-        Command::Status(args) => status::status(redis, args).await,
+        LockCommand::Run(args) => run::run(redis, args, ui, &mut listen()?).await,
+        LockCommand::Acquire(args) => token::acquire(redis, args, ui, &mut listen()?).await,
+        LockCommand::Refresh(args) => token::refresh(redis, args).await,
+        LockCommand::Release(args) => token::release(redis, args).await,
+        LockCommand::Status(args) => status::status(redis, args).await,
     };
     settle(redis).await;
     outcome
@@ -210,15 +228,8 @@ fn usage(err: &clap::Error) -> u8 {
     }
 }
 
-/// Prints `message` as clap does, with the subcommand's usage, and returns 64.
-fn usage_in(command: &Command, message: &str) -> u8 {
-    let name = match command {
-        Command::Run(_) => "run",
-        Command::Acquire(_) => "acquire",
-        Command::Refresh(_) => "refresh",
-        Command::Release(_) => "release",
-        Command::Status(_) => "status",
-    };
+/// Prints `message` as clap does, with the usage of the subcommand `name`, and returns 64.
+fn usage_in(name: &str, message: &str) -> u8 {
     let mut cli = Cli::command();
     cli.build();
     let err = match cli.find_subcommand_mut(name) {
