@@ -384,10 +384,10 @@ where
             }
             let replicas = store.replicas().await?;
             let requested = replication.replicas_needed().unwrap_or(1);
-            if replicas.in_sync < requested {
+            if replicas.connected() < requested {
                 return Err(InvalidInput::NotEnoughReplicas {
                     requested,
-                    connected: replicas.in_sync,
+                    connected: replicas.connected(),
                 }
                 .into());
             }

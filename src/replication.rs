@@ -329,6 +329,14 @@ pub(crate) struct Replicas {
 }
 
 impl Replicas {
+    /// How many replicas the primary has connected, in sync or behind for now: what a fixed
+    /// count is checked against. (A replica behind is a passing state that each write's
+    /// `WAIT` judges, not a setting to refuse.)
+    pub(crate) fn connected(&self) -> u32 {
+        let listed = u32::try_from(self.listed.len()).unwrap_or(u32::MAX);
+        listed.max(self.in_sync)
+    }
+
     /// `in_sync` replicas whose addresses are not known (a cluster's fewest per shard).
     pub(crate) fn counted(in_sync: u32) -> Self {
         Self {

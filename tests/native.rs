@@ -271,7 +271,9 @@ async fn a_native_refresh_still_waits_for_the_replicas() {
     let client = Client::connect(&primary.url())
         .await
         .unwrap()
-        .replicated(Replication::replicas(1).timeout(ms(100)))
+        // Long enough for a loaded machine's replica (100 ms failed the writes before the
+        // pause now and then); the paused replica's refresh waits it out once.
+        .replicated(Replication::replicas(1).timeout(ms(1_000)))
         .await
         .unwrap();
     let stats = || support::server::cli(primary.port(), &["INFO", "commandstats"]);
