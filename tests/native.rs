@@ -268,12 +268,11 @@ async fn a_native_refresh_still_waits_for_the_replicas() {
     })
     .await;
     let natives = natives(primary.port());
-    let client = Client::connect(&primary.url())
+    // WAIT long enough for a loaded machine's replica (100 and 300 ms failed the writes
+    // before the pause now and then), and replies awaited longer than that.
+    let client = support::client_with_timeout(&primary.url(), ms(5_000))
         .await
-        .unwrap()
-        // Long enough for a loaded machine's replica (100 ms failed the writes before the
-        // pause now and then); the paused replica's refresh waits it out once.
-        .replicated(Replication::replicas(1).timeout(ms(1_000)))
+        .replicated(Replication::replicas(1).timeout(ms(2_000)))
         .await
         .unwrap();
     let stats = || support::server::cli(primary.port(), &["INFO", "commandstats"]);
