@@ -1219,7 +1219,7 @@ fn ctrl_z_while_waiting_stops_lockset_and_fg_goes_on_waiting() {
 #[test]
 fn sigstop_cannot_be_caught_but_lockset_ends_the_command_once_continued() {
     // Like `kill -9`, `kill -STOP` of lockset alone is not covered: the command goes on while
-    // nothing refreshes the lock (the README says so). Once continued, lockset finds the
+    // nothing refreshes the lock (the command-line guide says so). Once continued, lockset finds the
     // lock lost and ends the command at once.
     let server = RedisServer::start();
     let urls = [server.url()];

@@ -88,7 +88,7 @@ async fn redlock_history_with_delayed_restarts_is_safe() {
     );
 }
 
-/// Why the README insists on delayed restarts: a master without persistence that comes
+/// Why the Redlock guide insists on delayed restarts: a master without persistence that comes
 /// back at once has forgotten locks a majority still counts on. Restart enough masters
 /// within one TTL and a second owner reaches a majority while the first still believes it
 /// holds the lock. The checker must see that happen here: restarts weigh more and come more

@@ -3,7 +3,7 @@
 //! `lockset run KEY... -- COMMAND` holds every key while the command runs; `acquire`,
 //! `refresh` and `release` hold a lock across the steps of a shell script; `status` shows
 //! who holds what; `man` and `completions` write its man pages and shell completions. See
-//! `lockset --help` and the README's "Command line" section.
+//! `lockset --help` and the guide's command-line page (`lockset::guide::command_line`).
 
 mod child;
 mod cli;

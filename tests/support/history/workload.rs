@@ -164,7 +164,7 @@ where
     }
 
     /// A lock with a custom token, re-obtained inside itself by the same token. The inner
-    /// section ends without releasing (the README's rule for nested sections) and only asks
+    /// section ends without releasing (the guide's rule for nested sections) and only asks
     /// for the TTL: a refresh through it would change the outer lock's keys behind its back.
     async fn nested(&mut self) {
         let token = self.token();
