@@ -268,7 +268,7 @@ pub fn skipping(test: &str, why: &str) {
 }
 
 /// How many times a statistical scenario repeats itself: `quick` in the README's test command,
-/// `full` with `LOCKSET_SLOW_TESTS=1` (which `.ci/run` sets), the sample the guide's figures
+/// `full` with `LOCKSET_SLOW_TESTS=1` (which `.ci/run` sets on Redis 7.0), the sample the guide's figures
 /// quote. Both check the same invariant on every repetition; the full sample only makes a rare
 /// breach likelier to show.
 pub fn repetitions(quick: usize, full: usize) -> usize {
