@@ -595,9 +595,13 @@ where
     }
 
     /// A handle on the lock that `options`' token holds on `keys` now, made elsewhere: by
-    /// another process that passed the token on, or before a restart. Nothing is written:
-    /// one TTL query checks that every key is held by the token, and the handle's validity
-    /// counts from when it was sent, for the smallest remaining TTL. `ttl` is what its
+    /// another process that passed the token on, or before a restart. One TTL query checks
+    /// that every key is held by the token, and the handle's validity counts from when it
+    /// was sent, for the smallest remaining TTL. Nothing is written, except on a client with
+    /// [replicated writes](crate::Replication): there the primary's TTL may be ahead of
+    /// what its replicas acknowledged (a refresh applied and not acknowledged), so the
+    /// remaining TTL is set again and waited for, and the validity counts from that write,
+    /// as a refresh's does (too few acknowledgements: [`Error::NotReplicated`]). `ttl` is what its
     /// refreshes (and a guard's watchdog) extend to; its metadata is `options`' metadata.
     /// The handle has no fencing token.
     ///
@@ -676,7 +680,20 @@ where
                 .clone()
                 .unwrap_or_else(|| self.inner.meter.clone()),
         };
-        Ok(Lock::new(self.inner.clone(), obtained))
+        let lock = Lock::new(self.inner.clone(), obtained);
+        if self.backend().is_replicated() {
+            // The primary's TTL may be ahead of its replicas' (a refresh applied there and not
+            // acknowledged), and the lock is nobody's belief yet: set the TTL again and wait
+            // for the replicas, which then hold it at least as long as the validity the
+            // refresh confirms. Not acknowledged: the handle is dropped with the error.
+            let Ok(again) = Ttl::new(left) else {
+                return Err(Error::NotHeld);
+            };
+            if !lock.refresh_once(again, None).await? {
+                return Err(Error::NotHeld);
+            }
+        }
+        Ok(lock)
     }
 
     /// Obtains `keys`, runs `work` while a watchdog keeps the lock alive, then releases the

@@ -437,6 +437,75 @@ async fn a_replica_that_lags_when_the_client_starts_is_not_bad_input() {
     .await;
 }
 
+/// A refresh the replica did not acknowledge was still applied on the primary: a process
+/// that adopts the lock by its token must not believe the primary's longer TTL, which a
+/// failover to the replica would not keep. On a replicated client, adopting writes the TTL
+/// again and waits for the replicas: refused while they do not acknowledge, and then
+/// believed only as far as they do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopter_believes_no_longer_than_the_replicas_keep_the_lock() {
+    use support::RedisServer;
+
+    let primary = RedisServer::start_with(None, &["--repl-diskless-sync-delay", "0"]);
+    let replica = RedisServer::start_with(
+        None,
+        &["--replicaof", "127.0.0.1", &primary.port().to_string()],
+    );
+    support::eventually(ms(10_000), "replica in sync", async || {
+        support::server::replica_in_sync(replica.port())
+    })
+    .await;
+    let replicated = async || {
+        support::client_with_timeout(&primary.url(), ms(5_000))
+            .await
+            .replicated(Replication::replicas(1).timeout(ms(1_000)))
+            .await
+            .unwrap()
+    };
+    let token = "adopted-token-0123456789";
+    let lock = replicated()
+        .await
+        .obtain("job", ms(3_000), &Options::default().token(token))
+        .await
+        .unwrap();
+    replica.pause();
+    let err = lock
+        .refresh(ms(60_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_replicated(), "{err:?}");
+    let adopter = replicated().await;
+    let adopting = adopter
+        .adopt(["job"], ms(3_000), &Options::default().token(token))
+        .await;
+    match adopting {
+        Err(err) => assert!(err.is_not_replicated(), "{err:?}"),
+        Ok(adopted) => {
+            let believed = adopted
+                .valid_until()
+                .saturating_duration_since(Instant::now());
+            panic!("adopted while the replica held 3 s, believing {believed:?}");
+        }
+    }
+    replica.resume();
+    let adopted = adopter
+        .adopt(["job"], ms(3_000), &Options::default().token(token))
+        .await
+        .expect("adopted once the replica acknowledges");
+    let believed = adopted
+        .valid_until()
+        .saturating_duration_since(Instant::now());
+    let on_the_replica: u64 = support::server::cli(replica.port(), &["PTTL", "job"])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        believed <= ms(on_the_replica + 50),
+        "believes {believed:?}, the replica holds {on_the_replica} ms"
+    );
+    adopted.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_carries_on_across_a_failover() {
     let mut failover = Failover::start(2).await;
