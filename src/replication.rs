@@ -232,13 +232,15 @@ impl Replicated {
 
     /// `write` followed, in one request, by the wait for its acknowledgements; with
     /// `look`, then `INFO replication`, to see the replicas the primary has right after
-    /// (see [`Replicated::saw`]).
-    pub(crate) fn pipeline(&self, write: Cmd, look: bool) -> Pipeline {
-        let mut pipe = self.settings.pipeline(write, self.needed());
+    /// (see [`Replicated::saw`]). Also the count it waits for, which its acknowledgements
+    /// are judged by (see [`Acks::parse`]), whatever the count is by then.
+    pub(crate) fn pipeline(&self, write: Cmd, look: bool) -> (Pipeline, u32) {
+        let needed = self.needed();
+        let mut pipe = self.settings.pipeline(write, needed);
         if look {
             pipe.cmd("INFO").arg("replication");
         }
-        pipe
+        (pipe, needed)
     }
 
     /// The primary has `replicas` now ([`Replication::all`]): the count needed grows to
@@ -257,14 +259,13 @@ impl Replicated {
     /// Whether the reply of the waiting command counts enough acknowledgements; the error
     /// to report when not.
     pub(crate) fn check(&self, acks: &Acks) -> Result<(), Error> {
-        let needed = self.needed();
         let local = self.settings.aof != Some(true) || acks.local;
-        if acks.replicas >= needed && local {
+        if acks.replicas >= acks.required && local {
             return Ok(());
         }
         Err(Error::NotReplicated {
             acknowledged: acks.replicas,
-            required: needed,
+            required: acks.required,
         })
     }
 
@@ -386,11 +387,16 @@ pub(crate) struct Acks {
     pub(crate) replicas: u32,
     /// `WAITAOF` only: the primary's own append-only file has the writes.
     pub(crate) local: bool,
+    /// How many the write waited for: what it is judged by. (With [`Replication::all`]
+    /// the count may grow while it waits, from another write's look at the replicas: a
+    /// replica that caught up counts from the next write on.)
+    pub(crate) required: u32,
 }
 
 impl Acks {
-    /// Reads the reply of `WAIT` (a number) or `WAITAOF` (`[local, replicas]`).
-    pub(crate) fn parse(reply: &redis::Value) -> Option<Self> {
+    /// Reads the reply of `WAIT` (a number) or `WAITAOF` (`[local, replicas]`) to a write
+    /// that waited for `required` replicas.
+    pub(crate) fn parse(reply: &redis::Value, required: u32) -> Option<Self> {
         let count = |value: &redis::Value| match value {
             redis::Value::Int(n) => u32::try_from(*n).ok(),
             _ => None,
@@ -400,12 +406,14 @@ impl Acks {
                 [local, replicas] => Some(Self {
                     replicas: count(replicas)?,
                     local: count(local)? > 0,
+                    required,
                 }),
                 _ => None,
             },
             other => Some(Self {
                 replicas: count(other)?,
                 local: false,
+                required,
             }),
         }
     }
@@ -451,16 +459,16 @@ mod tests {
     #[test]
     fn acknowledgements_are_counted() {
         let one = Replicated::new(Replication::replicas(1), &synced(&[1, 2, 3, 4, 5]));
-        let wait = |n| Acks::parse(&redis::Value::Int(n)).unwrap();
+        let wait = |n| Acks::parse(&redis::Value::Int(n), one.needed()).unwrap();
         assert!(one.check(&wait(0)).unwrap_err().is_not_replicated());
         assert!(one.check(&wait(1)).is_ok());
         assert!(one.check(&wait(2)).is_ok());
         let aof = Replicated::new(Replication::replicas(1).append_only(true), &synced(&[1]));
         let waitaof = |local, n| {
-            Acks::parse(&redis::Value::Array(vec![
-                redis::Value::Int(local),
-                redis::Value::Int(n),
-            ]))
+            Acks::parse(
+                &redis::Value::Array(vec![redis::Value::Int(local), redis::Value::Int(n)]),
+                aof.needed(),
+            )
             .unwrap()
         };
         assert!(aof.check(&waitaof(0, 1)).is_err());

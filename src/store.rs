@@ -747,7 +747,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         // wait come back too: one that caught up counts from the next write on. (A cluster
         // counts its shards apart from writes.)
         let look = replicated.settings().follows_replicas() && !self.is_cluster();
-        let mut pipe = replicated.pipeline(cmd, look);
+        let (mut pipe, required) = replicated.pipeline(cmd, look);
         // The write's own error (WRONGTYPE, NOSCRIPT, ...) is reported as it would be alone.
         pipe.ignore_errors();
         let mut replies: Vec<Value> = pipe.query_async(&mut conn).await?;
@@ -767,9 +767,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         };
         let reply = T::from_redis_value(reply.extract_error()?)?;
         // An error instead of a count: nothing is known to be acknowledged.
-        let acks = Acks::parse(&acks).unwrap_or(Acks {
+        let acks = Acks::parse(&acks, required).unwrap_or(Acks {
             replicas: 0,
             local: false,
+            required,
         });
         Ok((reply, Some(acks)))
     }
