@@ -24,16 +24,15 @@ fn lockset(urls: &[String]) -> Command {
 
 /// [`lockset`] started by `wrapper` (`nohup`, or a shell that sets something up and execs
 /// its arguments), which gets the path of `lockset` and its arguments after its own.
+///
+/// Every signal starts at its default first (`env --default-signal`): lockset keeps a signal
+/// that was ignored when it started ignored, and a test run started in the background by a
+/// script (SIGINT and SIGQUIT ignored) or under nohup would otherwise pass that on to every
+/// lockset here. What a test ignores on purpose, its wrapper ignores after that.
 fn lockset_via(wrapper: &[&str], urls: &[String]) -> Command {
     let lockset = env!("CARGO_BIN_EXE_lockset");
-    let mut command = match wrapper.split_first() {
-        Some((program, args)) => {
-            let mut command = Command::new(program);
-            command.args(args).arg(lockset);
-            command
-        }
-        None => Command::new(lockset),
-    };
+    let mut command = Command::new("env");
+    command.arg("--default-signal").args(wrapper).arg(lockset);
     command
         .env_remove("LOCKSET_REDIS")
         .env_remove("REDIS_URL")
