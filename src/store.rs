@@ -538,8 +538,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         claim: &Claim<'_>,
         payload: Option<&str>,
     ) -> Result<Holding<()>> {
-        // A fair waiter that gives up leaves its queues by the script.
-        if claim.modes.is_none()
+        // A fair waiter that gives up leaves its queues by the script. A release whose
+        // payload names it may have a waiter of this client handed the lock as soon as it
+        // is queued (see `Lock::release_once`): it is one command, so that the waiter's next
+        // attempt runs behind the delete; a native delete that finds the waiter's mark (or
+        // asking what the server has, first) would leave a gap before the script.
+        let named = payload.is_some_and(|payload| !payload.is_empty());
+        if !named
+            && claim.modes.is_none()
             && claim.ticket.is_none()
             && let [key] = claim.keys
             && self.delete_natively(key, claim.value).await?

@@ -408,3 +408,49 @@ async fn a_cluster_goes_natively_on_the_keys_node() {
         assert_eq!(calls("evalsha") + calls("eval"), 0);
     }
 }
+
+/// A release by the waiter's own client wakes that waiter as soon as the release is queued,
+/// and skips the release's announcement: so the release must be one command, with the
+/// waiter's next attempt behind it. A native delete that finds the waiter's mark deletes
+/// nothing and leaves the script to follow (as does asking the server what it has, before
+/// a first release): the woken waiter's attempt went between them, found the lock held, and
+/// slept until its next poll (15 s), fenced and multi-key waiters every time on Valkey 9.1,
+/// on Redis 7.0 at a client's first release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_of_the_releasing_client_is_woken_at_once() {
+    let env = Env::start().await;
+    let polling = Options::default()
+        .fair(false)
+        .retry(Retry::linear(ms(15_000)))
+        .timeout(ms(60_000));
+    let cases: [(&str, Options, &[&str]); 3] = [
+        ("multi-key", polling.clone(), &["job", "other"]),
+        ("fenced", polling.clone().fencing(), &["job"]),
+        ("plain", polling, &["job"]),
+    ];
+    for (what, options, keys) in cases {
+        let client = support::client_with_events_via(&env.server, &env.server.url()).await;
+        let held = client
+            .obtain("job", ms(60_000), &Options::default())
+            .await
+            .unwrap();
+        let waiting = tokio::spawn({
+            let (client, keys) = (client.clone(), keys.to_vec());
+            async move { client.obtain_multi(keys, ms(10_000), &options).await }
+        });
+        support::eventually(ms(10_000), "the waiter listens", async || {
+            client.release_channels_watched() > 0
+        })
+        .await;
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let lock = tokio::time::timeout(ms(30_000), waiting)
+            .await
+            .expect("obtained in 30 s")
+            .unwrap()
+            .unwrap();
+        let took = released.elapsed();
+        assert!(took < ms(1_500), "{what} waiter woken only after {took:?}");
+        lock.release().await.unwrap();
+    }
+}
