@@ -191,7 +191,7 @@ fn refuses_tls(args: &[&str]) -> bool {
         .args(["--port", "0", "--save", "", "--logfile", ""])
         .args(args)
         .stdin(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .and_then(|mut child| {
@@ -201,7 +201,10 @@ fn refuses_tls(args: &[&str]) -> bool {
             child.wait_with_output()
         })
         .expect("run the server");
-    let said = String::from_utf8_lossy(&output.stdout).to_lowercase();
+    // Redis 7 logs a refused directive to standard output, Redis 6.2 to standard error.
+    let said = [&output.stdout, &output.stderr]
+        .map(|text| String::from_utf8_lossy(text).to_lowercase())
+        .concat();
     said.contains("tls support") || said.contains("bad directive")
 }
 
