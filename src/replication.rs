@@ -476,6 +476,25 @@ mod tests {
         assert!(aof.check(&waitaof(1, 0)).is_err());
     }
 
+    /// With `all()`, a write's own look at the replicas (INFO after its WAIT) may count a
+    /// replica that just caught up: the write is judged by the count it waited for (it
+    /// failed with 1 of 2 although its WAIT 1 was met), the replica counts from the next
+    /// write on.
+    #[test]
+    fn a_write_is_judged_by_the_count_it_waited_for() {
+        let all = Replicated::new(Replication::all(), &synced(&[1]));
+        let (_, required) = all.pipeline(redis::cmd("SET"), true);
+        assert_eq!(required, 1);
+        all.saw(&synced(&[1, 2]));
+        let acks = Acks::parse(&redis::Value::Int(1), required).unwrap();
+        assert!(all.check(&acks).is_ok());
+        let (_, next) = all.pipeline(redis::cmd("SET"), true);
+        assert_eq!(
+            next, 2,
+            "the replica that caught up counts from the next write on"
+        );
+    }
+
     #[test]
     fn all_follows_the_replicas_grows_freely_and_shrinks_only_when_told() {
         let all = Replicated::new(Replication::all(), &synced(&[1, 2]));

@@ -506,52 +506,6 @@ async fn an_adopter_believes_no_longer_than_the_replicas_keep_the_lock() {
     adopted.release().await.unwrap();
 }
 
-/// With `Replication::all()`, a write's own look at the replicas (INFO after its WAIT) may
-/// count a replica that just caught up: the write is judged by the count it waited for, and
-/// the replica counts from the next write on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_is_judged_by_the_count_it_waited_for() {
-    use support::RedisServer;
-
-    let lag_of = |info: &str, port: u16| -> Option<u64> {
-        info.lines()
-            .find(|l| l.starts_with("slave") && l.contains(&format!("port={port},")))
-            .and_then(|l| l.split("lag=").nth(1))
-            .and_then(|lag| lag.trim().parse().ok())
-    };
-    let primary = RedisServer::start_with(None, &["--repl-diskless-sync-delay", "0"]);
-    let port = primary.port().to_string();
-    let one = RedisServer::start_with(None, &["--replicaof", "127.0.0.1", &port]);
-    let two = RedisServer::start_with(None, &["--replicaof", "127.0.0.1", &port]);
-    let info = || support::server::cli(primary.port(), &["INFO", "replication"]);
-    support::eventually(ms(20_000), "replicas in sync", async || {
-        support::server::replica_in_sync(one.port()) && support::server::replica_in_sync(two.port())
-    })
-    .await;
-    // Replica two is behind (no acknowledgement for over 2 s) when the client starts.
-    two.pause();
-    support::eventually(ms(20_000), "two lagging", async || {
-        lag_of(&info(), two.port()).is_some_and(|lag| lag > 2)
-    })
-    .await;
-    let client = support::client_with_timeout(&primary.url(), ms(5_000))
-        .await
-        .replicated(Replication::all().timeout(ms(1_000)))
-        .await
-        .unwrap();
-    // It catches up, then stalls again, less than 2 s after its last acknowledgement.
-    two.resume();
-    support::eventually(ms(20_000), "two back", async || {
-        lag_of(&info(), two.port()).is_some_and(|lag| lag == 0)
-    })
-    .await;
-    two.pause();
-    let outcome = client.obtain("job", ms(10_000), &Options::default()).await;
-    two.resume();
-    let lock = outcome.expect("one replica acknowledged, as the write waited for");
-    lock.release().await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_carries_on_across_a_failover() {
     let mut failover = Failover::start(2).await;
