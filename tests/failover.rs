@@ -395,17 +395,7 @@ async fn a_paused_replica_fails_obtains_within_their_deadline_and_leaves_nothing
 /// the primary's connected replicas can meet, and each write's `WAIT` decides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_lags_when_the_client_starts_is_not_bad_input() {
-    use support::RedisServer;
-
-    let primary = RedisServer::start_with(None, &["--repl-diskless-sync-delay", "0"]);
-    let replica = RedisServer::start_with(
-        None,
-        &["--replicaof", "127.0.0.1", &primary.port().to_string()],
-    );
-    support::eventually(ms(10_000), "replica in sync", async || {
-        support::server::replica_in_sync(replica.port())
-    })
-    .await;
+    let (primary, replica) = support::primary_with_replica().await;
     replica.pause();
     support::eventually(ms(15_000), "the primary sees the replica lag", async || {
         let info = support::server::cli(primary.port(), &["INFO", "replication"]);
@@ -446,17 +436,7 @@ async fn a_replica_that_lags_when_the_client_starts_is_not_bad_input() {
 /// believed only as far as they do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adopter_believes_no_longer_than_the_replicas_keep_the_lock() {
-    use support::RedisServer;
-
-    let primary = RedisServer::start_with(None, &["--repl-diskless-sync-delay", "0"]);
-    let replica = RedisServer::start_with(
-        None,
-        &["--replicaof", "127.0.0.1", &primary.port().to_string()],
-    );
-    support::eventually(ms(10_000), "replica in sync", async || {
-        support::server::replica_in_sync(replica.port())
-    })
-    .await;
+    let (primary, replica) = support::primary_with_replica().await;
     let replicated = async || {
         support::client_with_timeout(&primary.url(), ms(5_000))
             .await

@@ -258,15 +258,8 @@ async fn a_user_who_may_not_run_the_native_delete_releases_by_script() {
 /// request, as the script was: with the replica paused, the refresh is not acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_native_refresh_still_waits_for_the_replicas() {
-    let primary = RedisServer::start_with(None, &["--repl-diskless-sync-delay", "0"]);
-    let port = primary.port().to_string();
-    let replica = RedisServer::start_with(None, &["--replicaof", "127.0.0.1", &port]);
-    support::eventually(ms(10_000), "replica in sync", async || {
-        support::server::replica_in_sync(replica.port())
-            && support::server::cli(primary.port(), &["INFO", "replication"])
-                .contains("state=online")
-    })
-    .await;
+    // In sync includes its primary listing it online.
+    let (primary, replica) = support::primary_with_replica().await;
     let natives = natives(primary.port());
     // WAIT long enough for a loaded machine's replica (100 and 300 ms failed the writes
     // before the pause now and then), and replies awaited longer than that.

@@ -229,6 +229,19 @@ pub fn bundled(script: &str) -> String {
         )
 }
 
+/// A primary and one replica of it, once the replica is in sync (see
+/// [`server::replica_in_sync`]).
+pub async fn primary_with_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start_with(None, &["--repl-diskless-sync-delay", "0"]);
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(None, &["--replicaof", "127.0.0.1", &port]);
+    eventually(ms(10_000), "replica in sync", async || {
+        server::replica_in_sync(replica.port())
+    })
+    .await;
+    (primary, replica)
+}
+
 /// Holds `key` by `holder`, has a waiter on `waiter` wait for it (polling only every 20 s),
 /// releases it once the waiter listens, and checks that the waiter got it within 5 s: only a
 /// release event can have woken it in time.
