@@ -1,7 +1,7 @@
 //! The core behaviours on a real three-master Redis Cluster (feature `cluster`).
 #![cfg(feature = "cluster")]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Bad input: a typed error before anything is sent, and nothing left in Redis.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! Redlock never deletes or resurrects a lock behind its holder's back, and errors say what
 //! happened. Each test here names a hole found in an earlier version.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Watching locks: the spans and events `tracing` gets, the retry callback, and no token in
 //! any of them.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};

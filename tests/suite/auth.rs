@@ -6,7 +6,7 @@
 //! refusal as soon as redis-rs's `ConnectionManager` gives up reconnecting (it tries 6 times
 //! whatever the error, about 9 s here), long before a 30 s deadline.
 
-mod support;
+use crate::support;
 
 use lockset::{Client, Options, QuorumConfig, Retry};
 use support::{RedisServer, ms};

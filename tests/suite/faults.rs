@@ -2,7 +2,7 @@
 //! restarted empty or paused. No lock is ever held by two owners, and no key outlives its
 //! TTL because of the library.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

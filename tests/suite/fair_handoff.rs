@@ -6,7 +6,7 @@
 //! as its strategy says, also with endless intervals; and the waiters that do not queue are
 //! still told of a release.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

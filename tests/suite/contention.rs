@@ -1,7 +1,7 @@
 //! Mutual exclusion under contention: many tasks, a shared non-atomic counter, zero lost
 //! updates and never two holders at once.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

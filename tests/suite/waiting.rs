@@ -2,7 +2,7 @@
 //! spin, and reach waiters on a Redlock quorum too. Every waiter here polls so slowly that
 //! only a release event (or the holder's expiry) can wake it within the bounds checked.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -121,7 +121,7 @@ async fn a_local_hand_over_whose_release_met_noscript_still_wakes_the_waiter() {
         .cmd(&[
             "SCRIPT",
             "LOAD",
-            &support::bundled(include_str!("../lua/obtain.lua")),
+            &support::bundled(include_str!("../../lua/obtain.lua")),
         ])
         .await;
     held.release().await.unwrap();

@@ -5,7 +5,7 @@
 //! waiter's. Every waiter polls every 15 s, so only a hand-off gets it the lock within the
 //! bounds checked; and neither readers nor writers that keep coming starve the other.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};

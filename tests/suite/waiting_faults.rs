@@ -1,7 +1,7 @@
 //! Waiting under faults and corner cases, found by trying to break the release events: every
 //! waiter polls every 15 s (or slower), so only a release event can wake it fast.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -6,7 +6,7 @@
 //! waiter polls every 15 s, so only a notice, or an attempt the gap calls for, gets it the
 //! lock within the bounds checked.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

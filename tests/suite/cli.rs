@@ -1,7 +1,7 @@
 //! The `lockset` command line, as real processes against real redis-servers (feature `cli`).
 #![cfg(feature = "cli")]
 
-mod support;
+use crate::support;
 
 use std::io::ErrorKind;
 use std::net::TcpListener;

@@ -4,7 +4,7 @@
 //! (`LOCKSET_REDIS_SERVER`), asks it independently what it has, and counts with `INFO
 //! commandstats` which path ran: on servers with the commands and on servers without.
 
-mod support;
+use crate::support;
 
 use lockset::redis::aio::ConnectionManager;
 use lockset::{Client, Error, Options, QuorumConfig, Replication, Retry};

@@ -1,6 +1,6 @@
 //! Multi-key locks: all or nothing, overlapping sets, and very large sets.
 
-mod support;
+use crate::support;
 
 use lockset::{Error, Options};
 use support::{Env, ms};

@@ -3,7 +3,7 @@
 //! clear errors at once. A server binary built without TLS skips these tests, visibly.
 #![cfg(feature = "tls")]
 
-mod support;
+use crate::support;
 
 use lockset::{Client, Error, InvalidInput, Options, Replication, Retry, SentinelConfig, Tls};
 use support::ms;

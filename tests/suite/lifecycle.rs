@@ -1,6 +1,6 @@
 //! Obtain, TTL, refresh and release of single-key locks, against a real redis-server.
 
-mod support;
+use crate::support;
 
 use lockset::{Client, Error, Options, parse_value};
 use support::{Env, connect, ms};

@@ -1,7 +1,7 @@
 //! Shared (read) and counted (permit) keys, mixed with exclusive ones in one atomic obtain,
 //! on one server.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -983,7 +983,7 @@ async fn adopting_in_the_wrong_mode_is_not_held() {
 #[tokio::test]
 async fn a_restoring_refresh_without_room_changes_nothing() {
     let env = Env::start().await;
-    let script = &support::bundled(include_str!("../lua/modes.lua"));
+    let script = &support::bundled(include_str!("../../lua/modes.lua"));
     let eval = async |keys: &[&str], args: &[&str]| -> i64 {
         let mut cmd = lockset::redis::cmd("EVAL");
         cmd.arg(script).arg(keys.len()).arg(keys).arg(args);

@@ -3,7 +3,7 @@
 //! stdout is not a terminal; per master on a Redlock quorum. It only reads.
 #![cfg(feature = "cli")]
 
-mod support;
+use crate::support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Holding locks for long work: watchdog, lost signal, guards, with_lock, cancellation.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! connection reset before the reply arrived). The client cannot know what happened; each
 //! test checks what the library promises then, from the server's side.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! Redlock over five independent masters, with faults: killed, paused and restarted masters.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -573,7 +573,7 @@ async fn ttl_right_after_a_refresh_reports_the_new_ttl() {
         proxies.push(proxy);
     }
     let redlock = Client::quorum(nodes, QuorumConfig::default().node_timeout(ms(5_000))).unwrap();
-    let pttl = support::bundled(include_str!("../lua/pttl.lua"));
+    let pttl = support::bundled(include_str!("../../lua/pttl.lua"));
     for run in 0..10 {
         let lock = redlock
             .obtain(format!("job{run}"), ms(10_000), &Options::default())

@@ -2,7 +2,7 @@
 //! refusal inside an async runtime.
 #![cfg(feature = "blocking")]
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,7 +1,7 @@
 //! Fencing tokens: strictly increasing per counter, and a resource that checks them rejects
 //! every write of a holder that was paused past its TTL.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Retry strategies and deadlines around obtain and refresh.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

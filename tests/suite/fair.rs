@@ -3,7 +3,7 @@
 //! (15 s) that only a hand-off, or a bound of the queue itself, can get it the lock within
 //! the limits checked.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -98,15 +98,22 @@ async fn a_hand_off_shorter_than_the_ttl_is_made_the_full_ttl_before_obtain_retu
 }
 
 /// Asserts that `lock` believes itself valid no longer than `key` lives on the server (to
-/// the millisecond PTTL rounds to); returns what is left of the key's TTL.
+/// the millisecond PTTL rounds to); returns what is left of the key's TTL. The key expires no
+/// later than the reply's arrival plus the TTL it reports (the server read it before), so that
+/// is the bound: measured from the question instead, a slow reply would fail a sound lock.
 async fn valid_within_the_servers_ttl(
     env: &Env,
     lock: &lockset::Lock<ConnectionManager>,
     key: &str,
 ) -> Duration {
-    let asked = Instant::now();
     let left = ms(env.cmd::<u64>(&["PTTL", key]).await);
-    assert!(lock.valid_until() <= asked + left + ms(1));
+    let answered = Instant::now();
+    assert!(
+        lock.valid_until() <= answered + left + ms(1),
+        "believed {:?} beyond the key's expiry",
+        lock.valid_until()
+            .saturating_duration_since(answered + left)
+    );
     left
 }
 
