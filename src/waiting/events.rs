@@ -94,8 +94,9 @@ pub(crate) struct Events {
 struct Inner {
     source: Source,
     listener: Mutex<Option<Listener>>,
-    /// Bumped whenever the listener is replaced: confirmations from an older one are void.
-    generation: AtomicU64,
+    /// Bumped whenever the listener is replaced: confirmations from an older one are void,
+    /// and requests still waiting on it are abandoned.
+    generation: watch::Sender<u64>,
     /// Connection failures in a row.
     failures: AtomicU32,
     /// Until when subscribing is not tried again, after the server refused it.
@@ -367,7 +368,7 @@ impl Events {
             inner: Arc::new(Inner {
                 source,
                 listener: Mutex::new(None),
-                generation: AtomicU64::new(0),
+                generation: watch::Sender::new(0),
                 failures: AtomicU32::new(0),
                 refused_until: Mutex::new(None),
                 sweeper: AtomicBool::new(false),
@@ -491,7 +492,7 @@ impl Events {
             return Ok(listener);
         }
         let listener = loop {
-            let generation = self.inner.generation.load(Ordering::Acquire);
+            let generation = self.inner.generation();
             let conn = self
                 .inner
                 .connect(Arc::downgrade(&self.inner), generation)
@@ -502,7 +503,7 @@ impl Events {
                 Some(other) => break other.clone(),
                 // Replaced while connecting: this connection's pushes count for nothing
                 // (see `on_push`), so it must not become the listener. Connect again.
-                None if generation != self.inner.generation.load(Ordering::Acquire) => {}
+                None if generation != self.inner.generation() => {}
                 None => break slot.insert(Listener { conn, generation }).clone(),
             }
         };
@@ -519,31 +520,53 @@ impl Events {
     }
 
     /// Subscribes to `channel` unless the server has it, within the connection's own time
-    /// limits.
+    /// limits. A request still waiting when its connection is replaced (the primary changed,
+    /// the connection kept failing) is abandoned and made again on the new one: the old one
+    /// may go on trying a server that is gone for seconds, and while this task runs no other
+    /// subscribes the channel.
     async fn subscribe_now(&self, channel: &str, state: &ChannelState) {
         if self.inner.refused() {
             return;
         }
-        let subscribed = async {
-            let listener = self.listener().await?;
-            let _op = state.op.lock().await;
-            if !state.is_subscribed() {
-                listener.conn.subscribe(channel).await?;
+        loop {
+            let subscribed = async {
+                let listener = self.listener().await?;
+                let _op = state.op.lock().await;
+                if state.is_subscribed() {
+                    return Ok(true);
+                }
+                tokio::select! {
+                    subscribed = listener.conn.subscribe(channel) => subscribed?,
+                    () = self.inner.replaced(listener.generation) => return Ok(false),
+                }
                 // A subscription made on a replaced connection is void.
-                if self.inner.generation.load(Ordering::Acquire) == listener.generation {
+                if self.inner.generation() == listener.generation {
                     state.subscribed.send_replace(Some(listener.generation));
                 }
+                RedisResult::Ok(true)
+            };
+            match subscribed.await {
+                Ok(true) => return self.inner.failures.store(0, Ordering::Relaxed),
+                Ok(false) => {}
+                Err(err) => return self.inner.failed(&err),
             }
-            RedisResult::Ok(())
-        };
-        match subscribed.await {
-            Ok(()) => self.inner.failures.store(0, Ordering::Relaxed),
-            Err(err) => self.inner.failed(&err),
         }
     }
 }
 
 impl Inner {
+    /// The generation of the listener now.
+    fn generation(&self) -> u64 {
+        *self.generation.borrow()
+    }
+
+    /// Completes once the listener of `generation` has been replaced.
+    async fn replaced(&self, generation: u64) {
+        let mut generations = self.generation.subscribe();
+        // The sender lives as long as `self`: the wait ends only by a replacement.
+        let _ = generations.wait_for(|now| *now != generation).await;
+    }
+
     /// Whether subscribing is paused after the server refused it.
     fn refused(&self) -> bool {
         lock(&self.refused_until).is_some_and(|until| Instant::now() < until)
@@ -574,7 +597,7 @@ impl Inner {
         self.failures.store(0, Ordering::Relaxed);
         // The generation moves before the slot is emptied: a connection opened meanwhile
         // sees the new generation when it is about to be stored, and is not (`listener`).
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.generation.send_modify(|generation| *generation += 1);
         lock(&self.listener).take();
         self.lapse_all();
     }
@@ -653,7 +676,7 @@ impl Inner {
         let channel = push.data.first().and_then(bytes);
         // A replaced connection (it may linger a while) says nothing about today's
         // subscriptions; its messages are still releases.
-        let current = generation == self.generation.load(Ordering::Acquire);
+        let current = generation == self.generation();
         match (push.kind, channel) {
             (PushKind::Message | PushKind::SMessage, Some(channel)) => {
                 let payload = push.data.get(1).and_then(bytes).unwrap_or_default();
@@ -1047,5 +1070,57 @@ pub(crate) async fn after_queueing<F: std::future::Future>(
     match first {
         std::task::Poll::Ready(output) => output,
         std::task::Poll::Pending => future.await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that accepts connections and never answers; counts the connections.
+    fn black_hole() -> (u16, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            let mut open = Vec::new();
+            for stream in listener.incoming() {
+                count.fetch_add(1, Ordering::SeqCst);
+                open.push(stream);
+            }
+        });
+        (port, accepted)
+    }
+
+    async fn until(accepted: &AtomicUsize, n: usize) {
+        while accepted.load(Ordering::SeqCst) < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// A Sentinel failover replaces the listener while a SUBSCRIBE waits on the old primary's
+    /// connection (it may keep trying a server that is gone for seconds): the subscription
+    /// is made on the new connection at once, not after the old one's time limits (2 s).
+    #[tokio::test]
+    async fn a_subscription_waiting_on_a_replaced_connection_is_made_again_at_once() {
+        let (port, accepted) = black_hole();
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+        let events = Events::new(client);
+        let subscription = events.subscribe("channel", false, None);
+        subscription.renew();
+        tokio::time::timeout(Duration::from_secs(10), until(&accepted, 1))
+            .await
+            .unwrap();
+        let replaced = Instant::now();
+        events.inner.replace_listener();
+        tokio::time::timeout(Duration::from_secs(10), until(&accepted, 2))
+            .await
+            .unwrap();
+        assert!(
+            replaced.elapsed() < Duration::from_millis(1_000),
+            "subscribed again only after {:?}",
+            replaced.elapsed()
+        );
     }
 }
