@@ -800,13 +800,16 @@ async fn a_quorum_of_replicated_masters() {
         })
         .await;
     }
+    // Replies within 2 s (redis-rs's default is 500 ms): a loaded machine, not the subject.
     let mut nodes = Vec::new();
     for master in &masters {
-        nodes.push(Client::connect(&master.url()).await.unwrap());
+        nodes.push(support::client_with_timeout(&master.url(), ms(2_000)).await);
     }
     // A replica may take longer than the default 250 ms on a loaded machine; the paused one
-    // would hold an obtain up for all of this 2 s, which the bound below rules out.
-    let redlock = Client::quorum(nodes, QuorumConfig::default())
+    // would hold an obtain up for all of this 2 s, which the bound below rules out. Each
+    // master's answer, its WAIT included, may take as long (the default limit is 500 ms).
+    let config = QuorumConfig::default().node_timeout(ms(3_000));
+    let redlock = Client::quorum(nodes, config)
         .unwrap()
         .replicated(Replication::replicas(1).timeout(ms(2_000)))
         .await

@@ -366,6 +366,12 @@ impl Gate {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_hear_releases_again_after_a_pub_sub_outage_longer_than_the_reconnect_budget() {
+    if !support::slow_scenario(
+        "waiters_hear_releases_again_after_a_pub_sub_outage_longer_than_the_reconnect_budget",
+        "an outage longer than the reconnect budget (15 s)",
+    ) {
+        return;
+    }
     let env = Env::start().await;
     let gate = Gate::start(env.server.port()).await;
     let client = client_with_events_via(&env.server, &gate.url()).await;
@@ -504,6 +510,12 @@ async fn redlock_hand_overs_between_clients_never_stall_for_a_polling_interval()
 // ---------------------------------------------------------------------------------------
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channels_swept_during_an_outage_do_not_stay_subscribed_on_the_server() {
+    if !support::slow_scenario(
+        "channels_swept_during_an_outage_do_not_stay_subscribed_on_the_server",
+        "an outage longer than the sweeper's idle time and the reconnects (12 s)",
+    ) {
+        return;
+    }
     const KEYS: usize = 20;
     let env = Env::start().await;
     let gate = Gate::start(env.server.port()).await;
@@ -691,6 +703,12 @@ async fn marked_on_every_master(m: &Masters, key: &str) -> bool {
 // ---------------------------------------------------------------------------------------
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joining_redlock_waiter_subscribes_again_on_masters_where_it_lapsed() {
+    if !support::slow_scenario(
+        "a_joining_redlock_waiter_subscribes_again_on_masters_where_it_lapsed",
+        "an outage longer than two failed pings 5 s apart (20 s)",
+    ) {
+        return;
+    }
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let config = QuorumConfig::default().node_timeout(ms(1_000));
     // The waiting client hears masters 0 and 1 through gates, master 2 directly.
