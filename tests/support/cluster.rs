@@ -33,9 +33,14 @@ impl Cluster {
             ],
         );
         let start = Instant::now();
+        // Each master lists its replica online (what a replicated client counts), each
+        // replica is in sync.
         while !(0..6).all(|i| {
             let info = cluster.cli(i, &["INFO", "replication"]);
-            info.contains("role:master") || super::server::is_synced_replica(&info)
+            (info.contains("role:master")
+                && info.contains("connected_slaves:1")
+                && info.contains(",state=online,"))
+                || super::server::is_synced_replica(&info)
         }) {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
