@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::{RedisError, RetryMethod};
 use tokio::time::Instant;
 
-use crate::error::{Error, NodeFailure, Result};
+use crate::error::{Error, NodeFailure, QuorumOp, Result};
 use crate::observe::{Blocked, OnRetry, Progress, RetryEvent, retrying};
 use crate::request::Try;
 use crate::retry::{Retry, RetryStrategy as _};
@@ -69,6 +69,29 @@ impl<T> Step<T> {
             _ => Self::Stop(err),
         }
     }
+}
+
+/// A Redlock obtain whose majority is out of reach partly because masters hold the lock for
+/// another owner (the others failed or did not answer: a master down) waits as for a held
+/// lock: it listens for the release, and is woken again when a release reached it too early.
+/// The error stays what the caller gets when the strategy gives up.
+fn held_on_a_quorum(err: &Error) -> Option<Held> {
+    let Error::Quorum {
+        op: QuorumOp::Obtain,
+        failures,
+        ..
+    } = err
+    else {
+        return None;
+    };
+    failures
+        .iter()
+        .any(|(_, failure)| matches!(failure, NodeFailure::Refused))
+        .then_some(Held {
+            ttl: None,
+            key: 0,
+            queued: false,
+        })
 }
 
 /// Runs `attempt` until it is done, fails for good, the strategy gives up, or the deadline
@@ -132,7 +155,10 @@ where
                 return Ok(value);
             }
             Step::Stop(err) => return Err(err),
-            Step::Again(err) => (err, None),
+            Step::Again(err) => {
+                let held = held_on_a_quorum(&err);
+                (err, held)
+            }
             Step::Held(held) => {
                 waiter.held(held);
                 (Error::NotObtained, Some(held))

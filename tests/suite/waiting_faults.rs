@@ -11,7 +11,7 @@ use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use lockset::{Client, Options, QuorumConfig, Retry};
 use support::masters::Masters;
 use support::proxy::Proxy;
-use support::{Env, RedisServer, client_with_events_via, eventually, ms};
+use support::{Env, RedisServer, client_with_events_via, client_with_timeout, eventually, ms};
 use tokio::time::{Instant, timeout};
 
 fn slow_polling() -> Options {
@@ -195,6 +195,64 @@ async fn a_redlock_waiter_is_woken_although_one_master_is_down() {
     .await;
     held.release().await.unwrap();
     woken(waiter, "redlock waiter with 4 of 5 masters up").await;
+}
+
+/// The same, with the release slow to reach two masters: the release announced by the fast
+/// ones wakes the waiter too early, and its attempt meets two masters that still hold the
+/// lock and one that fails (out of memory: it refuses every write at once). That is a quorum
+/// error, not "held"; the waiter must still be woken again by the slow masters'
+/// announcements, not sleep until its next poll (15 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_waiter_woken_too_early_with_a_master_failing_is_woken_again() {
+    let servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let refused = support::server::cli(servers[4].port(), &["CONFIG", "SET", "maxmemory", "1"]);
+    assert_eq!(refused.trim(), "OK");
+    // The holder reaches masters 0 and 2 through proxies, which slow its release there.
+    let proxies = [
+        Proxy::start(servers[0].port()).await,
+        Proxy::start(servers[2].port()).await,
+    ];
+    let config = QuorumConfig::default().node_timeout(ms(5_000));
+    let mut holders = Vec::new();
+    let mut waiters = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        let url = match i {
+            0 => proxies[0].url(),
+            2 => proxies[1].url(),
+            _ => server.url(),
+        };
+        holders.push(client_with_timeout(&url, ms(5_000)).await);
+        let events = lockset::redis::Client::open(server.url()).unwrap();
+        let waiter = client_with_timeout(&server.url(), ms(5_000)).await;
+        waiters.push(waiter.with_release_events(events).unwrap());
+    }
+    let holder = Client::quorum(holders, config).unwrap();
+    let waiting = Client::quorum(waiters, config).unwrap();
+    let held = holder
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiter: Waiter =
+        tokio::spawn(async move { waiting.obtain("job", ms(60_000), &slow_polling()).await });
+    // Marked (so its release announces) on three of the four masters that hold it: a slow
+    // one and a fast one among them. An attempt decides once three masters refused.
+    eventually(ms(10_000), "marked on three masters", async || {
+        let marked = servers[..4]
+            .iter()
+            .filter(|server| support::server::cli(server.port(), &["GET", "job"]).starts_with('!'));
+        marked.count() >= 3
+    })
+    .await;
+    for proxy in &proxies {
+        proxy.set_latency(ms(300));
+    }
+    // Returns once master 0 or 2 deleted it too (three of five): by then both did.
+    held.release().await.unwrap();
+    woken(
+        waiter,
+        "redlock waiter woken too early, with a master failing",
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------
