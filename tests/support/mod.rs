@@ -299,7 +299,10 @@ pub fn slow_tests() -> bool {
 pub fn slow_scenario(test: &str, waits: &str) -> bool {
     let runs = slow_tests();
     if !runs {
-        println!("SKIPPED {test}: it waits out {waits}; runs with LOCKSET_SLOW_TESTS=1");
+        skipping(
+            test,
+            &format!("it waits out {waits}; runs with LOCKSET_SLOW_TESTS=1"),
+        );
     }
     runs
 }
