@@ -520,10 +520,10 @@ impl Events {
     }
 
     /// Subscribes to `channel` unless the server has it, within the connection's own time
-    /// limits. A request still waiting when its connection is replaced (the primary changed,
-    /// the connection kept failing) is abandoned and made again on the new one: the old one
-    /// may go on trying a server that is gone for seconds, and while this task runs no other
-    /// subscribes the channel.
+    /// limits. A request on a connection that is replaced meanwhile (the primary changed, the
+    /// connection kept failing) counts for nothing, and is made again on the new one at once
+    /// (not after the old one's time limits: it may go on trying a server that is gone for
+    /// seconds, and while this task runs no other subscribes the channel).
     async fn subscribe_now(&self, channel: &str, state: &ChannelState) {
         if self.inner.refused() {
             return;
@@ -532,17 +532,21 @@ impl Events {
             let subscribed = async {
                 let listener = self.listener().await?;
                 let _op = state.op.lock().await;
-                if state.is_subscribed() {
+                // Swept while this task waited (nobody listens): a subscription now would be
+                // one that nothing ever drops.
+                if state.is_subscribed() || !self.inner.is_wanted(channel, state) {
                     return Ok(true);
                 }
-                tokio::select! {
-                    subscribed = listener.conn.subscribe(channel) => subscribed?,
+                let subscribed = tokio::select! {
+                    biased;
                     () = self.inner.replaced(listener.generation) => return Ok(false),
+                    subscribed = listener.conn.subscribe(channel) => subscribed,
+                };
+                if self.inner.generation() != listener.generation {
+                    return Ok(false);
                 }
-                // A subscription made on a replaced connection is void.
-                if self.inner.generation() == listener.generation {
-                    state.subscribed.send_replace(Some(listener.generation));
-                }
+                subscribed?;
+                state.subscribed.send_replace(Some(listener.generation));
                 RedisResult::Ok(true)
             };
             match subscribed.await {
@@ -555,6 +559,14 @@ impl Events {
 }
 
 impl Inner {
+    /// Whether `channel` still has waiters and this subscription `state` (the sweeper did
+    /// not forget it).
+    fn is_wanted(&self, channel: &str, state: &ChannelState) -> bool {
+        lock(&self.channels).get(channel).is_some_and(|entry| {
+            entry.waiters > 0 && std::ptr::eq(Arc::as_ptr(&entry.state), state)
+        })
+    }
+
     /// The generation of the listener now.
     fn generation(&self) -> u64 {
         *self.generation.borrow()

@@ -263,11 +263,13 @@ impl<'a> Watch<'a> {
     fn retrying(&mut self, failure: &Error, held: Option<Held>, delay: Duration) {
         self.progress.waits();
         let blocked = match held {
-            Some(held) => Blocked::Held {
+            // A quorum error waits as for a held lock (see `held_on_a_quorum`), but is
+            // reported as the failure it is: a master failing is what an operator must see.
+            Some(held) if matches!(failure, Error::NotObtained) => Blocked::Held {
                 key: self.keys.get(held.key).map_or("", String::as_str),
                 ttl: held.ttl,
             },
-            None => Blocked::Failed(failure),
+            _ => Blocked::Failed(failure),
         };
         let event = RetryEvent {
             attempt: self.attempts,

@@ -3,7 +3,8 @@
 //! is one subject; `cargo test --all-features --test suite failover::` runs one of them.
 //!
 //! Binaries of their own: `history` and `soak` (long runs, `--ignored`), `metrics` (it
-//! installs the process's one global recorder) and `memory` (it reads the process's memory).
+//! installs the process's one global recorder), `observe` (`tracing` caches process-wide
+//! whether a call site has a listener) and `memory` (it reads the process's memory).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -27,7 +28,6 @@ mod long_work;
 mod modes;
 mod multi_key;
 mod native;
-mod observe;
 mod redlock;
 mod reply_lost;
 mod retry_and_deadline;

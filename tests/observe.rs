@@ -1,7 +1,9 @@
 //! Watching locks: the spans and events `tracing` gets, the retry callback, and no token in
-//! any of them.
+//! any of them. A binary of its own: `tracing` caches per call site whether anybody listens,
+//! process-wide, and the suite's other tests, running beside these on threads without a
+//! subscriber, would have it cached as "nobody" before a capture starts.
 
-use crate::support;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
