@@ -237,11 +237,23 @@ impl RedisServer {
                 return false;
             }
             if ping(self.port) {
-                return true;
+                return self.answers_as_itself();
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         false
+    }
+
+    /// Whether the server answering on the port is this process: a server of another test
+    /// may have taken the port first (tests run side by side in one process, and a restart
+    /// reuses its port), and this one then fails to bind it and exits. A server that wants a
+    /// password cannot be asked, and counts as itself.
+    fn answers_as_itself(&self) -> bool {
+        let info = cli(self.port, &["INFO", "server"]);
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix("process_id:"))
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_none_or(|pid| pid == self.child.id())
     }
 
     /// The server's URL, `redis://127.0.0.1:<port>/`.
