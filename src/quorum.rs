@@ -32,6 +32,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -246,18 +247,22 @@ where
             ..how
         };
         let stragglers = self.stragglers();
-        let ballot = self.ballot(
-            claim,
-            Some(&stragglers),
-            limit,
-            move |mut share| async move {
+        // Which key a refusing master found held (any one: each is another owner's), so that
+        // a waiter listens for that key's release, not its first key's.
+        let blocking = Arc::new(AtomicUsize::new(0));
+        let ballot = self.ballot(claim, Some(&stragglers), limit, |mut share| {
+            let blocking = blocking.clone();
+            async move {
                 let _writing = share.writing.take();
                 let claim = share.claim.claim();
                 let obtained = share.answer(share.store.obtain(&claim, how)).await;
                 let vote = match obtained {
                     Ok(Ok(Obtain::Obtained { .. })) => Vote::Yes(()),
                     // Nothing was written there.
-                    Ok(Ok(Obtain::Held { .. })) => Vote::No(NodeFailure::Refused),
+                    Ok(Ok(Obtain::Held { key, .. })) => {
+                        blocking.store(key, Ordering::Relaxed);
+                        Vote::No(NodeFailure::Refused)
+                    }
                     Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
                     Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
                 };
@@ -267,8 +272,8 @@ where
                 if random && written && share.verdict.wait().await != Verdict::Success {
                     let _ = timeout(limit, share.store.release_by_eval(&claim)).await;
                 }
-            },
-        );
+            }
+        });
         let needed = self.needed(claim);
         let (counted, mut decide) = ballot.count(needed, Some(&self.identities)).await;
         let answered: Vec<usize> = counted.votes.iter().map(|(master, _)| *master).collect();
@@ -294,7 +299,7 @@ where
             true => Obtain::Obtained { fence: None },
             false => Obtain::Held {
                 ttl: None,
-                key: 0,
+                key: blocking.load(Ordering::Relaxed),
                 queued: false,
             },
         });

@@ -74,7 +74,8 @@ impl<T> Step<T> {
 /// A Redlock obtain whose majority is out of reach partly because masters hold the lock for
 /// another owner (the others failed or did not answer: a master down) waits as for a held
 /// lock: it listens for the release, and is woken again when a release reached it too early.
-/// The error stays what the caller gets when the strategy gives up.
+/// The error stays what the caller gets when the strategy gives up. It names no blocking key:
+/// the waiter listens on its first key's channel (a lock of one key, most often).
 fn held_on_a_quorum(err: &Error) -> Option<Held> {
     let Error::Quorum {
         op: QuorumOp::Obtain,

@@ -852,3 +852,31 @@ async fn a_joining_redlock_waiter_subscribes_again_on_masters_where_it_lapsed() 
     .expect("no waiter woken by the release");
     lock.unwrap().unwrap();
 }
+
+/// A Redlock waiter for a key set, blocked by its second key: it must listen on that key's
+/// channel (the quorum names the key that blocked), and be woken by its release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_set_waiter_blocked_by_its_second_key_is_woken_by_its_release() {
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(1_000))).await;
+    let held = m
+        .redlock
+        .obtain("{s}:b", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let waiting = m.redlock.clone();
+    let waiter: Waiter = tokio::spawn(async move {
+        waiting
+            .obtain_multi(["{s}:a", "{s}:b"], ms(60_000), &slow_polling())
+            .await
+    });
+    eventually(ms(10_000), "the holder marked on a majority", async || {
+        let mut marked = 0;
+        for i in 0..5 {
+            marked += usize::from(m.get(i, "{s}:b").await.is_some_and(|v| v.starts_with('!')));
+        }
+        marked >= 3
+    })
+    .await;
+    held.release().await.unwrap();
+    woken(waiter, "redlock set waiter blocked by its second key").await;
+}
