@@ -602,13 +602,23 @@ async fn a_replicated_lock_survives_a_cluster_shard_failover() {
 
     let mut cluster = Cluster::start_with_replicas();
     let seeds = cluster.urls();
-    let connect = async |replication| {
-        Client::connect_cluster(seeds.clone())
-            .await
-            .unwrap()
-            .replicated(replication)
-            .await
-            .unwrap()
+    // A shard may fail over on its own while the machine is loaded (1 s node timeout), and
+    // its new primary has no replica in sync for a moment: a client asking for one is
+    // refused then (NotEnoughReplicas), so it connects again until every shard has one.
+    let connect = async |replication: Replication| {
+        let started = Instant::now();
+        loop {
+            let client = Client::connect_cluster(seeds.clone()).await.unwrap();
+            match client.replicated(replication).await {
+                Ok(client) => break client,
+                Err(Error::InvalidInput(InvalidInput::NotEnoughReplicas { .. }))
+                    if started.elapsed() < ms(30_000) =>
+                {
+                    tokio::time::sleep(ms(100)).await;
+                }
+                Err(err) => panic!("{err:?}"),
+            }
+        }
     };
     let replicated = connect(Replication::replicas(1)).await;
     let plain = connect(Replication::none()).await;
