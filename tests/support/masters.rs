@@ -44,6 +44,15 @@ impl Masters {
         self.cmd(i, &["GET", key]).await
     }
 
+    /// On how many of `masters` a waiter marked `key`'s holder (its value starts with `!`).
+    pub async fn marked(&self, masters: impl IntoIterator<Item = usize>, key: &str) -> usize {
+        let mut marked = 0;
+        for i in masters {
+            marked += usize::from(self.get(i, key).await.is_some_and(|v| v.starts_with('!')));
+        }
+        marked
+    }
+
     /// Whether master `i` holds `key` for `lock`: its value, or a share of it.
     pub async fn holds(&self, i: usize, key: &str, lock: &Lock<ConnectionManager>) -> bool {
         let token = lock.token();
