@@ -223,10 +223,12 @@ impl Client<SentinelConnection> {
     ///
     /// # Errors
     ///
-    /// [`InvalidInput::UnknownMaster`] when no sentinel knows the master's name;
-    /// [`Error::Redis`] when no sentinel answers, or no primary can be reached; the errors
-    /// of [`Client::replicated`] (for example [`InvalidInput::NotEnoughReplicas`] when the
-    /// primary has fewer replicas connected than asked for). Nothing is written.
+    /// [`InvalidInput::UnknownMaster`] when a majority of the sentinels does not know the
+    /// master's name; [`Error::Redis`] when the sentinels refuse the login, when no majority
+    /// of them answers or names one primary, or when it cannot be reached; the errors of
+    /// [`Client::replicated`] (for example [`Error::NotReplicated`] when the primary has
+    /// fewer replicas connected than the sentinels could promote, or than asked for: worth
+    /// retrying, as every [`Error::is_unavailable`] error is). Nothing is written.
     pub async fn connect_sentinel(config: SentinelConfig) -> Result<Self> {
         config.replication_settings().check()?;
         Self::sentinel(SentinelConnection::connect(config).await?).await
@@ -244,13 +246,7 @@ impl Client<SentinelConnection> {
         let replication = conn.replication_settings();
         let client = Self::new(conn.clone());
         for store in client.backend().stores() {
-            let epoch = conn.clone();
-            store.lead_fences_by(Box::new(move || epoch.epoch()));
-            let confirm = conn.clone();
-            store.confirm_primary_by(Arc::new(move |missing| {
-                let confirm = confirm.clone();
-                Box::pin(async move { confirm.confirm_primary(missing).await })
-            }));
+            store.follow(Arc::new(conn.clone()));
         }
         let _ = client.inner.address.set(conn.name());
         let _ = client.inner.events.set(Box::new([Events::sentinel(conn)]));
@@ -359,8 +355,10 @@ where
     /// # Errors
     ///
     /// [`InvalidInput::ZeroReplicationTimeout`] for a zero timeout (nothing is sent);
-    /// [`InvalidInput::NotEnoughReplicas`] when a primary has fewer replicas connected than
-    /// asked for; [`InvalidInput::NoWaitAof`] for [`Replication::append_only`] on a server
+    /// [`Error::NotReplicated`] ([`Error::is_not_replicated`], [`Error::is_unavailable`]: a
+    /// state that passes, worth retrying) when a primary has fewer replicas connected than
+    /// the writes would wait for (with [`Replication::all`], at least one, and behind
+    /// Sentinel every replica the sentinels could promote); [`InvalidInput::NoWaitAof`] for [`Replication::append_only`] on a server
     /// without `WAITAOF`; [`InvalidInput::ReplicationAlreadySet`] when this client already
     /// has other settings; [`Error::Redis`] when a server cannot be asked.
     pub async fn replicated(self, replication: Replication) -> Result<Self> {
@@ -373,30 +371,32 @@ where
         }) {
             return Err(InvalidInput::ReplicationAlreadySet.into());
         }
-        let mut seen = Vec::with_capacity(stores.len());
+        let mut planned = Vec::with_capacity(stores.len());
         for store in stores {
-            if !replication.is_on() {
-                seen.push(Replicas::default());
-                continue;
-            }
-            if replication.uses_aof() && !store.knows("WAITAOF").await? {
-                return Err(InvalidInput::NoWaitAof.into());
-            }
-            let replicas = store.replicas().await?;
-            let requested = replication.replicas_needed().unwrap_or(1);
-            if replicas.connected() < requested {
-                return Err(InvalidInput::NotEnoughReplicas {
-                    requested,
-                    connected: replicas.connected(),
+            let replicas = match replication.is_on() {
+                true => {
+                    if replication.uses_aof() && !store.knows("WAITAOF").await? {
+                        return Err(InvalidInput::NoWaitAof.into());
+                    }
+                    store.replicas().await?
                 }
-                .into());
+                false => Replicas::default(),
+            };
+            let replicated = store.plan_replication(replication, &replicas);
+            // Too few replicas connected now is a state of the deployment that passes (a
+            // replica restarting, a failover), not bad input: reported as the writes would
+            // report it, and worth retrying.
+            let needed = replicated.needed();
+            if replication.is_on() && replicas.connected() < needed {
+                return Err(Error::NotReplicated {
+                    acknowledged: replicas.connected(),
+                    required: needed,
+                });
             }
-            seen.push(replicas);
+            planned.push(replicated);
         }
-        for (store, replicas) in stores.iter().zip(&seen) {
-            if !store.replicate(replication, replicas)
-                && store.replication_set() != Some(&replication)
-            {
+        for (store, replicated) in stores.iter().zip(planned) {
+            if !store.replicate(replicated) && store.replication_set() != Some(&replication) {
                 return Err(InvalidInput::ReplicationAlreadySet.into());
             }
         }

@@ -99,7 +99,7 @@ pub enum Error {
     /// replicated write put it. [`Error::is_unavailable`] and [`Error::is_not_replicated`]
     /// are true: a replica is down, paused or lagging; alert, retry, or fail over.
     #[error(
-        "only {acknowledged} of {required} replicas acknowledged the write in time; the lock would not survive a failover"
+        "only {acknowledged} of the {required} replicas a lock must reach acknowledged it in time (or are connected); the lock would not survive a failover"
     )]
     NotReplicated {
         /// How many replicas acknowledged.
@@ -339,6 +339,16 @@ pub(crate) fn is_unreachable(err: &redis::RedisError) -> bool {
         && !crate::waiting::policy::is_refusal(err)
 }
 
+/// An error for "no primary can be reached now" (sentinels that do not answer or agree, a
+/// restarted primary that grants no lock yet), which callers treat as Redis being
+/// unavailable: worth retrying, [`Error::is_unavailable`], and nothing was sent.
+pub(crate) fn unavailable(why: String) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        why,
+    ))
+}
+
 /// The server answered that it cannot serve the request now: it is no longer the primary,
 /// still loading, or its cluster or primary is down. Nothing ran.
 pub(crate) fn is_changing_over(err: &redis::RedisError) -> bool {
@@ -503,7 +513,10 @@ pub enum InvalidInput {
     /// `WAIT` would block for ever.
     #[error("invalid input: replicated writes need a timeout above zero")]
     ZeroReplicationTimeout,
-    /// More replicas asked for than the primary has connected: every lock would fail.
+    /// More replicas asked for than the primary has connected. No longer returned: a
+    /// replica shortfall passes (a replica restarting, a failover), so it is reported as
+    /// [`Error::NotReplicated`](crate::Error::NotReplicated), which is worth retrying. Kept
+    /// so that code matching it still compiles.
     #[error(
         "invalid input: {requested} replicas must acknowledge each write, but the primary has {connected} connected"
     )]

@@ -191,6 +191,17 @@ const RECOUNT_EVERY: Duration = Duration::from_secs(5);
 /// A replica's address, as its primary lists it.
 pub(crate) type Address = (String, u16);
 
+/// What a deployment that names its primary (Sentinel) says of the replicas: how many it
+/// could promote, for the primary of one lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Promotable {
+    /// Changes with every lookup of the primary (a new one, or the same one connected
+    /// again).
+    pub(crate) generation: u64,
+    /// How many replicas could be promoted: every one must acknowledge a write.
+    pub(crate) replicas: u32,
+}
+
 /// One server's replicated writes: the settings, and how many replicas they wait for now.
 #[derive(Debug)]
 pub(crate) struct Replicated {
@@ -204,6 +215,9 @@ pub(crate) struct Replicated {
     known: Mutex<Vec<Address>>,
     /// When the replicas were last counted ([`Replication::all`]).
     counted: Mutex<Instant>,
+    /// The lookup of the primary the count is for, and the replicas the deployment could
+    /// promote then: the count never goes below them (see [`Replicated::follow`]).
+    promotable: Mutex<Option<Promotable>>,
     /// A count runs now.
     counting: AtomicBool,
 }
@@ -217,8 +231,46 @@ impl Replicated {
             needed: AtomicU32::new(settings.replicas.unwrap_or(in_sync.max(1))),
             known: Mutex::new(replicas.listed.clone()),
             counted: Mutex::new(Instant::now()),
+            promotable: Mutex::new(None),
             counting: AtomicBool::new(false),
         }
+    }
+
+    /// The deployment names a primary whose promotable replicas are `now` (before every
+    /// write, with [`Replication::all`]): the count never goes below them, since a write
+    /// one of them misses is lost if that one is promoted; during a planned failover the
+    /// old primary lists one replica fewer (the one being promoted), the sentinels do not.
+    /// A new lookup (a failover, a reconnect) starts the count again from them: the
+    /// replicas the old primary had mean nothing to the new one, and one of them may be
+    /// the new primary itself.
+    pub(crate) fn follow(&self, now: Promotable) {
+        if !self.settings.follows_replicas() {
+            return;
+        }
+        let mut promotable = lock(&self.promotable);
+        match *promotable {
+            Some(before) if before.generation != now.generation => {
+                let was = self.needed.swap(now.replicas.max(1), Ordering::Relaxed);
+                lock(&self.known).clear();
+                if was != now.replicas.max(1) {
+                    tracing::info!(
+                        before = was,
+                        now = now.replicas.max(1),
+                        "a new primary: locks wait for the replicas the sentinels could promote"
+                    );
+                }
+            }
+            // The primary the count was made on: it only grows.
+            _ => {
+                self.needed.fetch_max(now.replicas, Ordering::Relaxed);
+            }
+        }
+        *promotable = Some(now);
+    }
+
+    /// The fewest replicas the count may shrink to: what the deployment could promote.
+    fn floor(&self) -> u32 {
+        lock(&self.promotable).map_or(1, |p| p.replicas).max(1)
     }
 
     pub(crate) fn settings(&self) -> &Replication {
@@ -292,12 +344,13 @@ impl Replicated {
     }
 
     /// A count ended: the primary has `replicas` (`None`: unknown). The count needed grows
-    /// to the replicas in sync; it shrinks to them (never below one) only with
+    /// to the replicas in sync; it shrinks to them (never below one, nor below the replicas the
+    /// deployment could promote) only with
     /// `may_shrink`: a write fell short, on a primary confirmed as the deployment's, whose
     /// missing replicas are none of them a primary.
     pub(crate) fn counted(&self, replicas: Option<&Replicas>, may_shrink: bool) {
         if let Some(replicas) = replicas {
-            let in_sync = replicas.in_sync.max(1);
+            let in_sync = replicas.in_sync.max(self.floor());
             if may_shrink {
                 let before = self.needed.swap(in_sync, Ordering::Relaxed);
                 *lock(&self.known) = replicas.listed.clone();

@@ -15,7 +15,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 use crate::error::{Error, Result};
 use crate::mode::{Mode, Modes};
 use crate::native::{self, Natives};
-use crate::replication::{Acks, Address, Replicas, Replicated, Replication};
+use crate::replication::{Acks, Address, Promotable, Replicas, Replicated, Replication};
 use crate::request::{Claim, Ticket, Try};
 use crate::scripts::{self, Lua};
 
@@ -76,23 +76,27 @@ pub(crate) struct Store<C> {
     reloads: AtomicU64,
     /// How many replicas must acknowledge a lock write (see `replication.rs`); set once.
     replicated: OnceLock<Arc<Replicated>>,
-    /// Whether the primary is still the one the deployment names, at the same epoch (the
-    /// sentinels, asked); see [`Replication::all`].
-    confirm: OnceLock<Confirm>,
-    /// The configuration epoch of the primary behind the connection, when it is known (a
-    /// Sentinel deployment): fencing tokens are led by it (see `lua/fence.lua`).
-    epoch: OnceLock<Epoch>,
+    /// The deployment that names the primary behind the connection (Sentinel), when there
+    /// is one: its epoch leads fencing tokens (see `lua/fence.lua`), its replicas count for
+    /// [`Replication::all`], and it says whether a restarted primary may grant locks.
+    deployment: OnceLock<Arc<dyn Deployment>>,
     /// The compare-and-delete and compare-and-set commands the server has (see `native.rs`).
     natives: Natives,
 }
 
-/// Tells the configuration epoch of the primary a connection sends to now.
-pub(crate) type Epoch = Box<dyn Fn() -> Option<u64> + Send + Sync>;
-
-/// Asks whether the primary a connection sends to is still the one its deployment names,
-/// and none of the given replicas (it lists no more, or not in sync) is a primary now.
-pub(crate) type Confirm =
-    Arc<dyn Fn(Vec<Address>) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+/// What a deployment that names the primary a connection sends to (Sentinel) tells the
+/// store of it.
+pub(crate) trait Deployment: Send + Sync {
+    /// The primary's configuration epoch, when known.
+    fn epoch(&self) -> Option<u64>;
+    /// The primary's lookup, and how many replicas the deployment could promote.
+    fn promotable(&self) -> Option<Promotable>;
+    /// Whether the primary may grant a lock of `ttl` now (a restarted primary may not).
+    fn admits(&self, ttl: Duration) -> RedisResult<()>;
+    /// Whether the primary is still the one the deployment names, and none of `missing`
+    /// (replicas it lists no more, or not in sync) is a primary now.
+    fn confirm(&self, missing: Vec<Address>) -> Pin<Box<dyn Future<Output = bool> + Send + '_>>;
+}
 
 /// The highest epoch fencing tokens are led by: `<epoch><16 digits>` stays below 2^63, the
 /// largest value Redis can INCR.
@@ -116,8 +120,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             set_nx_get: AtomicBool::new(true),
             reloads: AtomicU64::new(0),
             replicated: OnceLock::new(),
-            confirm: OnceLock::new(),
-            epoch: OnceLock::new(),
+            deployment: OnceLock::new(),
             natives: Natives::new(),
             // A standalone server: plain pub/sub. (redis-rs subscribes to sharded channels
             // only over cluster connections, and a single server gains nothing from them.)
@@ -133,6 +136,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// key found held by the script-free path is asked for its TTL (a second round trip,
     /// only when held).
     pub(crate) async fn obtain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
+        if let Some(deployment) = self.deployment.get() {
+            deployment.admits(claim.ttl.duration)?;
+        }
         // Fencing tokens are led by the epoch of the primary the obtain is sent to.
         let epoch = claim.counter.map(|_| self.epoch());
         // The script paths' futures are boxed: every caller's future would otherwise carry
@@ -162,9 +168,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Ok(outcome)
     }
 
-    /// Lets fencing tokens be led by the configuration epoch `epoch` tells (set once).
-    pub(crate) fn lead_fences_by(&self, epoch: Epoch) {
-        let _ = self.epoch.set(epoch);
+    /// Follows `deployment` (set once): fencing tokens are led by its epoch, replicated
+    /// writes wait for the replicas it could promote, and a restarted primary grants no lock
+    /// while it says so.
+    pub(crate) fn follow(&self, deployment: Arc<dyn Deployment>) {
+        let _ = self.deployment.set(deployment);
     }
 
     /// The epoch fencing tokens are led by now: 0 when none is known.
@@ -174,7 +182,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
     /// The configuration epoch of the primary behind the connection, when it is known.
     fn primary_epoch(&self) -> Option<u64> {
-        self.epoch.get().and_then(|epoch| epoch())
+        self.deployment
+            .get()
+            .and_then(|deployment| deployment.epoch())
     }
 
     /// A fenced obtain ran on a new primary that the connection found while the obtain was
@@ -193,17 +203,25 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         ))))
     }
 
-    /// Makes writes to this server count only once `replication` is met (see
-    /// `replication.rs`), on a primary with `replicas` now: every later lock write waits
-    /// for its acknowledgements. Set once; false when it was set already.
-    pub(crate) fn replicate(&self, replication: Replication, replicas: &Replicas) -> bool {
-        let replicated = Arc::new(Replicated::new(replication, replicas));
-        self.replicated.set(replicated).is_ok()
+    /// How writes to this server would be replicated per `replication`, on a primary with
+    /// `replicas` now (and, behind a deployment, the replicas it could promote).
+    pub(crate) fn plan_replication(
+        &self,
+        replication: Replication,
+        replicas: &Replicas,
+    ) -> Arc<Replicated> {
+        let replicated = Replicated::new(replication, replicas);
+        if let Some(promotable) = self.deployment.get().and_then(|d| d.promotable()) {
+            replicated.follow(promotable);
+        }
+        Arc::new(replicated)
     }
 
-    /// Lets `confirm` say whether the primary is still the deployment's (set once).
-    pub(crate) fn confirm_primary_by(&self, confirm: Confirm) {
-        let _ = self.confirm.set(confirm);
+    /// Makes writes to this server count only once `replicated` is met (see
+    /// `replication.rs`): every later lock write waits for its acknowledgements. Set once;
+    /// false when it was set already.
+    pub(crate) fn replicate(&self, replicated: Arc<Replicated>) -> bool {
+        self.replicated.set(replicated).is_ok()
     }
 
     /// The replication set for this server, if any (also one that waits for nothing).
@@ -255,11 +273,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         };
         let replicated = replicated.clone();
         let (conn, cluster) = (self.conn.clone(), self.is_cluster());
-        let confirm = self.confirm.get().cloned().filter(|_| short);
+        let deployment = self.deployment.get().cloned().filter(|_| short);
         let count = async move {
             let now = replicas_now(conn, cluster).await.ok();
-            let confirmed = match (&confirm, &now) {
-                (Some(confirm), Some(now)) => confirm(replicated.missing(now)).await,
+            let confirmed = match (&deployment, &now) {
+                (Some(deployment), Some(now)) => deployment.confirm(replicated.missing(now)).await,
                 (None, _) => true,
                 (_, None) => false,
             };
@@ -749,6 +767,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             return Ok((cmd.query_async(&mut conn).await?, None));
         };
         self.count_replicas_later(false);
+        if let Some(promotable) = self.deployment.get().and_then(|d| d.promotable()) {
+            replicated.follow(promotable);
+        }
         // With every replica in sync asked for, the replicas the primary has right after the
         // wait come back too: one that caught up counts from the next write on. (A cluster
         // counts its shards apart from writes.)

@@ -16,6 +16,7 @@ mod cluster;
 mod contention;
 mod edges;
 mod failover;
+mod failover_torture;
 mod fair;
 mod fair_handoff;
 mod fair_modes;

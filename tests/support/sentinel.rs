@@ -391,3 +391,36 @@ fn fields(output: &str) -> std::collections::HashMap<String, String> {
         .filter_map(|pair| Some((pair.first()?.to_string(), pair.get(1)?.to_string())))
         .collect()
 }
+
+impl Failover {
+    /// Kills the primary (SIGKILL) and starts it again on the same port `after` later,
+    /// empty and still a primary (no persistence), before the sentinels notice: its replicas
+    /// resynchronize from the empty data set. Returns its index.
+    pub async fn restart_primary_empty(&mut self, after: Duration) -> usize {
+        let primary = self.primary();
+        let port = self.nodes[primary].port();
+        self.nodes[primary].kill();
+        tokio::time::sleep(after).await;
+        self.nodes[primary].release_port();
+        let args = data_node_args(self.secured);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.nodes[primary] = RedisServer::start_with(Some(port), &args);
+        primary
+    }
+
+    /// Starts a planned failover (`SENTINEL FAILOVER`) through the first sentinel.
+    pub fn fail_over_on_purpose(&self) {
+        let reply = self.ask_sentinel(self.sentinels[0].port(), &["SENTINEL", "FAILOVER", MASTER]);
+        assert_eq!(reply.trim(), "OK", "SENTINEL FAILOVER: {reply}");
+    }
+
+    /// The configuration epoch the first sentinel has for the primary.
+    pub fn epoch(&self) -> u64 {
+        let master =
+            fields(&self.ask_sentinel(self.sentinels[0].port(), &["SENTINEL", "MASTER", MASTER]));
+        master
+            .get("config-epoch")
+            .and_then(|epoch| epoch.parse().ok())
+            .unwrap_or(0)
+    }
+}

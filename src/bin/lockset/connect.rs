@@ -60,12 +60,14 @@ pub(crate) fn urls(given: &[String]) -> Result<Vec<String>, String> {
 
 /// Parsed URLs, checked before anything is sent, and how many replicas must acknowledge
 /// each lock write.
+#[derive(Clone)]
 pub(crate) struct Plan {
     place: Place,
     replicas: Option<u32>,
 }
 
 /// Where the locks live.
+#[derive(Clone)]
 enum Place {
     /// Single servers: one, or a Redlock quorum.
     Servers(Vec<redis::Client>),
@@ -242,6 +244,10 @@ pub(crate) async fn connect(plan: Plan) -> Result<Target, Failure> {
 async fn sentinel(config: SentinelConfig) -> Result<Target, Failure> {
     let failed = |err: lockset::Error| match err {
         lockset::Error::InvalidInput(_) => Failure::from_error(&err),
+        err if err.is_not_replicated() => Failure::new(
+            UNAVAILABLE,
+            format!("the primary has too few replicas for a lock that survives a failover: {err}"),
+        ),
         err => Failure::new(
             UNAVAILABLE,
             format!("cannot reach the primary through the sentinels: {err}"),

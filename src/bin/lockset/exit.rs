@@ -53,6 +53,14 @@ impl Failure {
         }
     }
 
+    /// The exit status this failure ends with (`None` for bad usage, which has its own).
+    pub(crate) fn code(&self) -> Option<u8> {
+        match self {
+            Self::Usage(_) => None,
+            Self::Exit { code, .. } => Some(*code),
+        }
+    }
+
     /// A library error that is not "held by someone else" (that one needs the holder, see
     /// `conflict`): bad input, a non-string key, or Redis failing.
     pub(crate) fn from_error(err: &Error) -> Self {

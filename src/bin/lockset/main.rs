@@ -36,6 +36,9 @@ use crate::signals::Signals;
 use crate::ui::Ui;
 use crate::validate::Use;
 
+/// The pause between two connections to a Sentinel deployment that is not ready.
+const CONNECT_PAUSE: Duration = Duration::from_millis(200);
+
 /// How long a finishing `lockset` waits for the library's background work.
 const SETTLE: Duration = Duration::from_secs(2);
 
@@ -130,10 +133,46 @@ async fn execute(global: &Global, command: &LockCommand, ui: Ui) -> Result<u8, F
         )?,
         false => connect::plan(&urls, global.cluster, global.replicas, tls)?,
     };
-    match connect::connect(plan).await? {
-        Target::Single(redis) => dispatch(&redis, command, ui).await,
-        Target::Cluster(redis) => dispatch(&redis, command, ui).await,
-        Target::Sentinel(redis) => dispatch(&redis, command, ui).await,
+    match connect_within(&plan, sentinel, wait_of(command)).await? {
+        Target::Single(redis) => dispatch(&redis, command, ui, None).await,
+        Target::Cluster(redis) => dispatch(&redis, command, ui, None).await,
+        Target::Sentinel(redis) => {
+            let sentinels = redis.nodes.first().cloned();
+            dispatch(&redis, command, ui, sentinels.as_ref()).await
+        }
+    }
+}
+
+/// How long the command may wait for its lock (`--wait`), zero for the others.
+fn wait_of(command: &LockCommand) -> Duration {
+    match command {
+        LockCommand::Run(args) => args.obtain.wait,
+        LockCommand::Acquire(args) => args.obtain.wait,
+        _ => Duration::ZERO,
+    }
+}
+
+/// Connects per `plan`. Behind Sentinel, a failure that passes (no majority of the
+/// sentinels agrees yet, the primary is being replaced, too few replicas for now) is tried
+/// again every [`CONNECT_PAUSE`] within `wait`: `--wait` covers finding the primary too.
+async fn connect_within(
+    plan: &connect::Plan,
+    sentinel: bool,
+    wait: Duration,
+) -> Result<Target, Failure> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        match connect::connect(plan.clone()).await {
+            Err(failure)
+                if sentinel
+                    && failure.code() == Some(exit::UNAVAILABLE)
+                    && tokio::time::Instant::now() + CONNECT_PAUSE < deadline =>
+            {
+                tracing::info!(?failure, "the deployment is not ready; trying again");
+                tokio::time::sleep(CONNECT_PAUSE).await;
+            }
+            outcome => return outcome,
+        }
     }
 }
 
@@ -180,7 +219,12 @@ fn check(command: &LockCommand, target: validate::Target) -> Result<(), String> 
 }
 
 /// Runs the subcommand on a connected backend.
-async fn dispatch<C>(redis: &Redis<C>, command: &LockCommand, ui: Ui) -> Result<u8, Failure>
+async fn dispatch<C>(
+    redis: &Redis<C>,
+    command: &LockCommand,
+    ui: Ui,
+    sentinels: status::Sentinels<'_>,
+) -> Result<u8, Failure>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -189,7 +233,7 @@ where
         LockCommand::Acquire(args) => token::acquire(redis, args, ui, &mut listen()?).await,
         LockCommand::Refresh(args) => token::refresh(redis, args).await,
         LockCommand::Release(args) => token::release(redis, args).await,
-        LockCommand::Status(args) => status::status(redis, args).await,
+        LockCommand::Status(args) => status::status(redis, args, sentinels).await,
     };
     settle(redis).await;
     outcome

@@ -15,6 +15,10 @@ use crate::duration;
 use crate::exit::{self, Failure, SYSTEM};
 use crate::holder::{self, Key};
 
+/// What the sentinels say, behind Sentinel: one line each (see
+/// `SentinelConnection::sentinels_say`).
+pub(crate) type Sentinels<'a> = Option<&'a lockset::SentinelConnection>;
+
 /// A key and who waits for it, on each server.
 struct Seen {
     key: Key,
@@ -24,19 +28,23 @@ struct Seen {
 
 /// Prints the state of every key on stdout: a line each (and one per waiter), or one JSON
 /// object; with `--watch`, again every interval until interrupted.
-pub(crate) async fn status<C>(redis: &Redis<C>, args: &StatusArgs) -> Result<u8, Failure>
+pub(crate) async fn status<C>(
+    redis: &Redis<C>,
+    args: &StatusArgs,
+    sentinels: Sentinels<'_>,
+) -> Result<u8, Failure>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let Some(every) = args.watch else {
         let seen = look(redis, &args.keys).await?;
-        print(&render(&seen, args.json))?;
+        print(&render(&seen, &said(sentinels).await, args.json))?;
         return Ok(0);
     };
     let redraw = std::io::stdout().is_terminal();
     loop {
         let seen = look(redis, &args.keys).await?;
-        let text = render(&seen, args.json);
+        let text = render(&seen, &said(sentinels).await, args.json);
         let text = match redraw {
             // Home, clear the screen, then the status.
             true => format!("\x1b[H\x1b[2J{text}"),
@@ -87,10 +95,31 @@ where
 }
 
 /// The status as text: lines, or one JSON object on a line.
-fn render(seen: &[Seen], json: bool) -> String {
+fn render(seen: &[Seen], sentinels: &[String], json: bool) -> String {
     match json {
-        true => format!("{}\n", as_json(seen)),
-        false => seen.iter().map(as_lines).collect(),
+        true => {
+            let mut value = as_json(seen);
+            if !sentinels.is_empty() {
+                value["sentinels"] = json!(sentinels);
+            }
+            format!("{value}\n")
+        }
+        false => {
+            let keys: String = seen.iter().map(as_lines).collect();
+            let sentinels: String = sentinels
+                .iter()
+                .map(|line| format!("sentinel {line}\n"))
+                .collect();
+            keys + &sentinels
+        }
+    }
+}
+
+/// What each sentinel names as the primary now (none without Sentinel).
+async fn said(sentinels: Sentinels<'_>) -> Vec<String> {
+    match sentinels {
+        Some(conn) => conn.sentinels_say().await,
+        None => Vec::new(),
     }
 }
 

@@ -4,11 +4,19 @@
 //! store, release events and every policy work over it unchanged. It always sends to the
 //! server the sentinels name as primary, found as the Sentinel client guidelines ask:
 //!
-//! - **Discovery.** Every sentinel is asked at once (`SENTINEL MASTER name`, each within the
-//!   connection timeout), and the answers of a majority of them, or of all that answer, are
-//!   compared: the primary with the highest configuration epoch that no answer marks down
-//!   wins, and is connected to only after `ROLE` says it is a primary. A sentinel that is
-//!   down or paused delays nobody: a majority is enough.
+//! - **Discovery.** Every sentinel is asked at once (its address for the master, the master's
+//!   state and epoch, its replicas, and its own uptime, in one request within the connection
+//!   timeout). The primary is the address more than half of the *configured* sentinels name
+//!   (see `census.rs`); sentinels that name another are reported in a warning, never
+//!   followed. It is connected to only after `ROLE` says it is a primary (see `primary.rs`
+//!   for what else it is asked). A sentinel that is down or paused delays nobody once a
+//!   majority agreed.
+//! - **Replicas to wait for.** With every lookup (and every check, every few seconds) comes
+//!   the number of replicas the sentinels could promote: lock writes wait for each of them
+//!   (see `replication.rs`), so that a write the old primary takes during a planned failover,
+//!   acknowledged only by the replicas not being promoted, does not count.
+//! - **A restarted primary.** A primary that came back empty grants no lock until the longest
+//!   TTL in use passed since its start (see `primary.rs` and [`SentinelConfig::restart_grace`]).
 //! - **Following.** The primary is looked up again when its connection fails (dropped,
 //!   refused, I/O), when it answers `READONLY` (it was demoted), when the sentinels announce
 //!   `+switch-master` for it (a task listens to one sentinel at a time, and asks all of them
@@ -30,8 +38,7 @@
 //! holds up every lookup) and without the configuration epoch; it does not follow a
 //! failover.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -44,9 +51,16 @@ use redis::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::error::{InvalidInput, Result};
-use crate::replication::Replication;
+use crate::error::{InvalidInput, Result, unavailable};
+use crate::replication::{Address, Promotable, Replication};
+use crate::store::Deployment;
 use crate::waiting::events::lock;
+
+mod census;
+mod primary;
+
+use census::{Answer, Census, Elected};
+use primary::Facts;
 
 /// The shortest time between two lookups of the primary while none can be found.
 const LOOKUP_PAUSE: Duration = Duration::from_millis(100);
@@ -83,6 +97,7 @@ pub struct SentinelConfig {
     replication: Replication,
     connection_timeout: Duration,
     response_timeout: Duration,
+    restart_grace: Duration,
     /// TLS for the data nodes, and the certificates for `rediss://` sentinels.
     #[cfg(feature = "tls")]
     tls: Option<crate::Tls>,
@@ -114,6 +129,7 @@ impl SentinelConfig {
             replication: Replication::all(),
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_millis(500),
+            restart_grace: Duration::ZERO,
             #[cfg(feature = "tls")]
             tls: None,
         })
@@ -168,6 +184,26 @@ impl SentinelConfig {
     pub fn response_timeout(self, response_timeout: Duration) -> Self {
         Self {
             response_timeout,
+            ..self
+        }
+    }
+
+    /// How long a primary that restarted without its data grants no lock, counted from its
+    /// start: the longest TTL any client of the deployment uses. Defaults to each obtain's
+    /// own TTL (safe when every client locks with the same TTL, or a shorter one).
+    ///
+    /// A primary without persistence that keeps every write (`appendonly yes` with
+    /// `appendfsync always`), killed and started again before the sentinels notice, comes
+    /// back empty, and its replicas drop their copies: the locks it held are gone while
+    /// their holders still believe in them, until their next refresh fails. So, as Redlock's
+    /// *delayed restart* asks, such a primary grants no lock until the longest TTL in use
+    /// has passed since its start; obtains meanwhile fail as Redis unavailable
+    /// ([`Error::is_unavailable`](crate::Error::is_unavailable)), and are retried until
+    /// their deadline. See the guide: [failover](crate::guide::failover).
+    #[must_use]
+    pub fn restart_grace(self, restart_grace: Duration) -> Self {
+        Self {
+            restart_grace,
             ..self
         }
     }
@@ -257,6 +293,8 @@ struct Follower {
     changes: watch::Sender<u64>,
     /// The last primary's address, to tell a change from a reconnect.
     last: Mutex<Option<(String, u16)>>,
+    /// How many lookups succeeded (see [`Primary::generation`]).
+    lookups: AtomicU64,
     watching: AtomicBool,
     checking: AtomicBool,
 }
@@ -268,19 +306,14 @@ struct Primary {
     host: String,
     port: u16,
     epoch: u64,
-}
-
-/// What one sentinel said of the master.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Sighting {
-    host: String,
-    port: u16,
-    epoch: u64,
-    /// Flagged down (`s_down`, `o_down`) by this sentinel.
-    down: bool,
-    /// This sentinel leads a failover of the master now (`failover_in_progress`): until the
-    /// promotion is seen, it still names the old primary, at the old epoch.
-    failing_over: bool,
+    /// Counts lookups: a new primary, or the same one connected again (after a restart,
+    /// say), has a new one.
+    generation: u64,
+    /// How many replicas the sentinels could promote (see `census.rs`): lock writes wait for
+    /// each of them.
+    replicas: u32,
+    /// When it started, if it restarted without the locks it had (see `primary.rs`).
+    restarted_empty: Option<Instant>,
 }
 
 impl SentinelConnection {
@@ -288,9 +321,10 @@ impl SentinelConnection {
     ///
     /// # Errors
     ///
-    /// [`InvalidInput::UnknownMaster`] when no sentinel that answered knows the master;
-    /// [`Error::Redis`](crate::Error::Redis) when no sentinel answered, or no primary could
-    /// be reached.
+    /// [`InvalidInput::UnknownMaster`] when a majority of the sentinels does not know the
+    /// master; [`Error::Redis`](crate::Error::Redis) when the sentinels refuse the login,
+    /// when no majority of them answers or names one primary, or when that primary cannot be
+    /// reached ([`Error::is_unavailable`](crate::Error::is_unavailable): worth retrying).
     pub async fn connect(config: SentinelConfig) -> Result<Self> {
         let master = config.master.clone();
         let connection = Self {
@@ -301,6 +335,7 @@ impl SentinelConnection {
                 failed: Mutex::new(None),
                 changes: watch::Sender::new(0),
                 last: Mutex::new(None),
+                lookups: AtomicU64::new(0),
                 watching: AtomicBool::new(false),
                 checking: AtomicBool::new(false),
             }),
@@ -328,15 +363,20 @@ impl SentinelConnection {
         self.follower.changes.subscribe()
     }
 
-    /// Whether the primary is still the one the sentinels name, up, at the same epoch
-    /// (every sentinel that answers is asked), and none of the replicas `missing` (that the
-    /// primary no longer has in sync) says it is a primary; forgets the primary when the
-    /// sentinels name another, or a missing replica was promoted.
-    pub(crate) async fn confirm_primary(&self, missing: Vec<crate::replication::Address>) -> bool {
+    /// Whether the primary is still the one a majority of the sentinels names, up, at the
+    /// same epoch, with no failover under way (every sentinel that answers is asked), and
+    /// none of the replicas `missing` (that the primary no longer has in sync) says it is a
+    /// primary; forgets the primary when the sentinels name another, or a missing replica
+    /// was promoted.
+    pub(crate) async fn confirm_primary(&self, missing: Vec<Address>) -> bool {
         if !self.follower.confirm().await {
             return false;
         }
+        let current = self.primary_address();
         for (host, port) in missing {
+            if current.as_ref() == Some(&(host.clone(), port)) {
+                continue;
+            }
             if self.follower.is_primary_at(&host, port).await {
                 tracing::info!(%host, port, "a replica the primary lost is a primary now");
                 self.follower.switched();
@@ -353,11 +393,47 @@ impl SentinelConnection {
             .map(|primary| primary.epoch)
     }
 
+    /// The current primary's lookup and the replicas the sentinels could promote, if a
+    /// primary is known.
+    pub(crate) fn promotable(&self) -> Option<Promotable> {
+        lock(&self.follower.current)
+            .as_ref()
+            .map(|primary| Promotable {
+                generation: primary.generation,
+                replicas: primary.replicas,
+            })
+    }
+
+    /// Whether the current primary may grant a lock of `ttl` now: not while a primary that
+    /// restarted empty may have forgotten a lock that is still valid (see `primary.rs`).
+    pub(crate) fn admits(&self, ttl: Duration) -> RedisResult<()> {
+        let Some((host, port, started)) = lock(&self.follower.current)
+            .as_ref()
+            .and_then(|p| Some((p.host.clone(), p.port, p.restarted_empty?)))
+        else {
+            return Ok(());
+        };
+        let grace = self.follower.config.restart_grace.max(ttl);
+        let up = started.elapsed();
+        if up >= grace {
+            return Ok(());
+        }
+        Err(unavailable(format!(
+            "the primary {host}:{port} restarted {up:.1?} ago without its data (no persistence that keeps every write); it grants no lock until {grace:?} after its start, the longest TTL a lock it forgot may have (SentinelConfig::restart_grace)"
+        )))
+    }
+
     /// The address of the current primary, if one is known.
     pub fn primary_address(&self) -> Option<(String, u16)> {
         lock(&self.follower.current)
             .as_ref()
             .map(|primary| (primary.host.clone(), primary.port))
+    }
+
+    /// What each sentinel names as the primary now, one line each (for `lockset status`
+    /// and for people): its address, epoch and state, or why it did not answer.
+    pub async fn sentinels_say(&self) -> Vec<String> {
+        self.follower.ask_sentinels(true).await.describe()
     }
 
     /// How lock writes over this connection are replicated (see [`SentinelConfig::replication`]).
@@ -404,8 +480,11 @@ impl Follower {
                 let address = Some((primary.host.clone(), primary.port));
                 let moved = std::mem::replace(&mut *lock(&self.last), address.clone()) != address;
                 if moved {
-                    tracing::info!(host = %primary.host, port = primary.port, epoch = primary.epoch, "following the primary");
+                    tracing::info!(host = %primary.host, port = primary.port, epoch = primary.epoch, replicas = primary.replicas, "following the primary");
                     self.changes.send_modify(|n| *n += 1);
+                }
+                if primary.restarted_empty.is_some() {
+                    tracing::warn!(host = %primary.host, port = primary.port, "the primary restarted without its data: it grants no lock until the longest TTL in use has passed since its start");
                 }
                 self.watch_switches();
                 Ok(primary)
@@ -419,69 +498,68 @@ impl Follower {
 
     /// Asks the sentinels for the primary and connects to it (see the module's docs).
     async fn look_up(&self) -> RedisResult<Primary> {
-        let sightings = self.ask_sentinels(false).await?;
-        let mut last_err = None;
-        for sighting in candidates(sightings) {
-            match self.connect_primary(&sighting).await {
-                Ok(Some(conn)) => {
-                    return Ok(Primary {
-                        conn,
-                        host: sighting.host,
-                        port: sighting.port,
-                        epoch: sighting.epoch,
-                    });
-                }
-                Ok(None) => {}
-                Err(err) => last_err = Some(err),
-            }
+        let census = self.ask_sentinels(false).await;
+        let Some(elected) = census.elected() else {
+            return Err(census.failure(&self.config.master));
+        };
+        let dissent = census.dissent(&elected);
+        if !dissent.is_empty() {
+            tracing::warn!(master = %self.config.master, host = %elected.host, port = elected.port, dissent = %dissent.join("; "), "sentinels disagree on the primary; following the majority");
         }
-        Err(last_err.unwrap_or_else(|| {
-            unavailable(format!(
-                "no primary of {:?} found: the sentinels name none that is up",
-                self.config.master
-            ))
-        }))
+        if elected.failing_over {
+            return Err(unavailable(format!(
+                "a failover of {:?} is under way: {}",
+                self.config.master,
+                census.describe().join("; ")
+            )));
+        }
+        let (conn, facts) = self
+            .connect_primary(&elected.host, elected.port, elected.sentinels_up)
+            .await?;
+        if !facts.is_primary {
+            return Err(unavailable(format!(
+                "{}:{}, which the sentinels name, is not a primary (a failover under way)",
+                elected.host, elected.port
+            )));
+        }
+        Ok(Primary {
+            conn,
+            host: elected.host,
+            port: elected.port,
+            epoch: elected.epoch,
+            generation: self.lookups.fetch_add(1, Ordering::Relaxed) + 1,
+            replicas: elected.replicas,
+            restarted_empty: facts.restarted_empty,
+        })
     }
 
-    /// What a majority of the sentinels (or all that answer) say of the master; with
-    /// `everyone`, what every sentinel that answers within its time limit says.
-    async fn ask_sentinels(&self, everyone: bool) -> RedisResult<Vec<Sighting>> {
+    /// What the sentinels say of the master: every answer until a majority of the
+    /// configured sentinels agrees (see `census.rs`), or every answer within its time limit
+    /// with `everyone`.
+    async fn ask_sentinels(&self, everyone: bool) -> Census {
         let config = &self.config;
-        let asked = config.sentinels.len();
+        let mut census = Census::new(config.sentinels.len());
         let mut answers: futures_util::stream::FuturesUnordered<_> = config
             .sentinels
             .iter()
-            .map(|sentinel| self.ask_sentinel(sentinel))
+            .map(|sentinel| async move {
+                (
+                    sentinel.addr().to_string(),
+                    self.ask_sentinel(sentinel).await,
+                )
+            })
             .collect();
-        let (mut sightings, mut unknown, mut last_err) = (Vec::new(), 0, None);
-        while let Some(answer) = answers.next().await {
-            match answer {
-                Ok(Some(sighting)) => sightings.push(sighting),
-                Ok(None) => unknown += 1,
-                Err(err) => last_err = Some(err),
-            }
-            if !everyone && sightings.len() + unknown > asked / 2 {
+        while let Some((sentinel, answer)) = answers.next().await {
+            census.add(sentinel, answer);
+            if !everyone && census.decided() {
                 break;
             }
         }
-        if !sightings.is_empty() {
-            return Ok(sightings);
-        }
-        if unknown > 0 {
-            return Err(RedisError::from((
-                ErrorKind::MasterNameNotFoundBySentinel,
-                "no sentinel knows the master",
-                config.master.clone(),
-            )));
-        }
-        let why = last_err.map_or_else(String::new, |err| format!(": {err}"));
-        Err(unavailable(format!(
-            "none of {asked} sentinels answered{why}"
-        )))
+        census
     }
 
-    /// What one sentinel says of the master: `None` when it does not know it.
-    async fn ask_sentinel(&self, sentinel: &ConnectionInfo) -> RedisResult<Option<Sighting>> {
+    /// What one sentinel says of the master (see [`census::parse_answer`]).
+    async fn ask_sentinel(&self, sentinel: &ConnectionInfo) -> Answer {
         let config = &self.config;
         let asked = async {
             let mut conn = config
@@ -489,7 +567,8 @@ impl Follower {
                 .get_multiplexed_async_connection_with_config(&config.connection_config())
                 .await?;
             // The address a client should use (during a failover, the replica being
-            // promoted), and the master's epoch and state.
+            // promoted), the master's epoch and state, its replicas, and how long this
+            // sentinel has been up.
             let mut ask = redis::pipe();
             ask.cmd("SENTINEL")
                 .arg("GET-MASTER-ADDR-BY-NAME")
@@ -497,41 +576,48 @@ impl Follower {
                 .cmd("SENTINEL")
                 .arg("MASTER")
                 .arg(&config.master)
+                .cmd("SENTINEL")
+                .arg("REPLICAS")
+                .arg(&config.master)
+                .cmd("INFO")
+                .arg("server")
                 .ignore_errors();
-            ask.query_async::<(Value, Value)>(&mut conn).await
+            ask.query_async::<Vec<Value>>(&mut conn).await
         };
         let limit = config.connection_timeout + config.response_timeout;
         match tokio::time::timeout(limit, asked).await {
-            Err(_) => Err(unavailable(format!(
+            Err(_) => Answer::Failed(unavailable(format!(
                 "sentinel {} did not answer in {limit:?}",
                 sentinel.addr()
             ))),
-            Ok(Err(err)) => Err(err),
-            Ok(Ok((address, master))) => Ok(parse_sighting(&address, &master)),
+            Ok(Err(err)) => Answer::Failed(err),
+            Ok(Ok(replies)) => census::parse_answer(&replies),
         }
     }
 
-    /// A connection to the server `sighting` names, if it is a primary.
+    /// A connection to the server at `host:port`, and what it says of itself (see
+    /// `primary.rs`), given how long the sentinels have been up.
     async fn connect_primary(
         &self,
-        sighting: &Sighting,
-    ) -> RedisResult<Option<MultiplexedConnection>> {
+        host: &str,
+        port: u16,
+        sentinels_up: Option<u64>,
+    ) -> RedisResult<(MultiplexedConnection, Facts)> {
         let config = &self.config;
-        let client = config.node_client(&sighting.host, sighting.port)?;
+        let client = config.node_client(host, port)?;
         let connected = async {
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&config.connection_config())
                 .await?;
-            let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
-            RedisResult::Ok(is_primary(&role).then_some(conn))
+            let replies: Vec<Value> = primary::ask().query_async(&mut conn).await?;
+            RedisResult::Ok((conn, Facts::parse(&replies, sentinels_up)))
         };
         let limit = config.connection_timeout + config.response_timeout;
         tokio::time::timeout(limit, connected)
             .await
             .unwrap_or_else(|_| {
                 Err(unavailable(format!(
-                    "{}:{} did not answer in {limit:?}",
-                    sighting.host, sighting.port
+                    "{host}:{port} did not answer in {limit:?}"
                 )))
             })
     }
@@ -539,14 +625,10 @@ impl Follower {
     /// Whether the server at `host:port` answers that it is a primary (one that cannot be
     /// reached in time is not).
     async fn is_primary_at(&self, host: &str, port: u16) -> bool {
-        let sighting = Sighting {
-            host: host.to_owned(),
-            port,
-            epoch: 0,
-            down: false,
-            failing_over: false,
-        };
-        matches!(self.connect_primary(&sighting).await, Ok(Some(_)))
+        matches!(
+            self.connect_primary(host, port, None).await,
+            Ok((_, facts)) if facts.is_primary
+        )
     }
 
     /// Forgets the primary: the next request looks it up again.
@@ -609,48 +691,49 @@ impl Follower {
         }
     }
 
-    /// Whether the sentinels still name the current primary; forgets it when they name
-    /// another.
+    /// Whether a majority of the sentinels still names the current primary: forgets it when
+    /// they name another; else takes their count of replicas.
     async fn check(&self) {
-        let Ok(sightings) = self.ask_sentinels(false).await else {
-            return;
-        };
-        let named = candidates(sightings).into_iter().next();
-        let current = lock(&self.current)
-            .as_ref()
-            .map(|primary| (primary.host.clone(), primary.port));
-        if let (Some(named), Some((host, port))) = (named, current)
-            && (named.host != host || named.port != port)
-        {
-            tracing::info!(%host, port, new_host = %named.host, new_port = named.port, "the sentinels name a new primary");
-            self.switched();
+        let census = self.ask_sentinels(false).await;
+        if let Some(elected) = census.elected() {
+            self.compare(&elected);
         }
     }
 
-    /// Whether every sentinel that answers names the current primary, up, at its epoch:
-    /// then the primary is still the deployment's. When one names another primary or a
-    /// higher epoch, a promotion is under way: the primary is forgotten (and the change
-    /// announced), and the answer is no, as it is when nobody answers.
-    async fn confirm(&self) -> bool {
-        let Some((host, port, epoch)) = lock(&self.current)
-            .as_ref()
-            .map(|p| (p.host.clone(), p.port, p.epoch))
-        else {
+    /// Compares what a majority of the sentinels said with the current primary: forgets it
+    /// (announcing the change) when they name another address or a newer epoch, else
+    /// takes their count of replicas. Whether it is still the deployment's primary.
+    fn compare(&self, elected: &Elected) -> bool {
+        let mut current = lock(&self.current);
+        let Some(primary) = current.as_mut() else {
             return false;
         };
-        let Ok(sightings) = self.ask_sentinels(true).await else {
-            return false;
-        };
-        let moved = sightings
-            .iter()
-            .any(|s| s.host != host || s.port != port || s.epoch > epoch);
-        if moved {
-            tracing::info!(%host, port, "the sentinels name a new primary, or a newer epoch");
-            self.switched();
+        if elected.host != primary.host
+            || elected.port != primary.port
+            || elected.epoch > primary.epoch
+        {
+            tracing::info!(host = %primary.host, port = primary.port, new_host = %elected.host, new_port = elected.port, epoch = elected.epoch, "the sentinels name a new primary, or a newer epoch");
+            *current = None;
+            drop(current);
+            self.changes.send_modify(|n| *n += 1);
             return false;
         }
+        primary.replicas = elected.replicas;
+        true
+    }
+
+    /// Whether a majority of the sentinels names the current primary, up, at its epoch,
+    /// with no failover under way anywhere (every sentinel is asked): then the primary is
+    /// still the deployment's. When they name another primary or a higher epoch, a
+    /// promotion is under way: the primary is forgotten (and the change announced), and
+    /// the answer is no, as it is when no majority answers.
+    async fn confirm(&self) -> bool {
+        let census = self.ask_sentinels(true).await;
+        let Some(elected) = census.elected() else {
+            return false;
+        };
         // A failover under way names the old primary until the promotion is seen.
-        !sightings.iter().any(|s| s.down || s.failing_over)
+        self.compare(&elected) && !elected.down && !elected.failing_over
     }
 
     /// Starts listening for `+switch-master` (once).
@@ -736,6 +819,27 @@ async fn watch_switches(follower: Weak<Follower>) {
     }
 }
 
+impl Deployment for SentinelConnection {
+    fn epoch(&self) -> Option<u64> {
+        Self::epoch(self)
+    }
+
+    fn promotable(&self) -> Option<Promotable> {
+        Self::promotable(self)
+    }
+
+    fn admits(&self, ttl: Duration) -> RedisResult<()> {
+        Self::admits(self, ttl)
+    }
+
+    fn confirm(
+        &self,
+        missing: Vec<Address>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send + '_>> {
+        Box::pin(self.confirm_primary(missing))
+    }
+}
+
 impl ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
@@ -786,156 +890,7 @@ impl std::fmt::Debug for SentinelConnection {
     }
 }
 
-/// The addresses to try, best first: the highest epoch among those no sentinel marks down,
-/// then the ones marked down; each address once, with the highest epoch it was named with.
-fn candidates(mut sightings: Vec<Sighting>) -> Vec<Sighting> {
-    sightings.sort_by(|a, b| a.down.cmp(&b.down).then(b.epoch.cmp(&a.epoch)));
-    let mut seen: HashMap<(String, u16), ()> = HashMap::new();
-    sightings
-        .into_iter()
-        .filter(|s| seen.insert((s.host.clone(), s.port), ()).is_none())
-        .collect()
-}
-
-/// Reads a sentinel's answers: `SENTINEL GET-MASTER-ADDR-BY-NAME` (`[ip, port]`, nil for
-/// a master it does not monitor) and `SENTINEL MASTER` (field names and values, as a flat
-/// array in RESP2 or a map in RESP3: the epoch, and whether the master it monitors is down,
-/// which says something of the address only when it is that master's).
-fn parse_sighting(address: &Value, master: &Value) -> Option<Sighting> {
-    let text = |value: &Value| match value {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().map(str::to_owned),
-        Value::SimpleString(text) => Some(text.clone()),
-        Value::Int(n) => Some(n.to_string()),
-        _ => None,
-    };
-    let Value::Array(address) = address else {
-        return None;
-    };
-    let host = text(address.first()?)?;
-    let port: u16 = text(address.get(1)?)?.parse().ok()?;
-    let fields: HashMap<String, String> = match master {
-        Value::Array(items) => items
-            .chunks(2)
-            .filter_map(|pair| Some((text(pair.first()?)?, text(pair.get(1)?)?)))
-            .collect(),
-        Value::Map(pairs) => pairs
-            .iter()
-            .filter_map(|(k, v)| Some((text(k)?, text(v)?)))
-            .collect(),
-        _ => HashMap::new(),
-    };
-    let field = |name: &str| fields.get(name).map_or("", String::as_str);
-    let same = field("ip") == host && field("port") == port.to_string();
-    let flagged = |names: &[&str]| field("flags").split(',').any(|flag| names.contains(&flag));
-    Some(Sighting {
-        host,
-        port,
-        epoch: field("config-epoch").parse().unwrap_or(0),
-        down: same && flagged(&["s_down", "o_down", "disconnected"]),
-        failing_over: flagged(&["failover_in_progress"]),
-    })
-}
-
-/// Whether a `ROLE` reply is a primary's.
-fn is_primary(role: &Value) -> bool {
-    matches!(role, Value::Array(items) if matches!(items.first(), Some(Value::BulkString(role)) if role == b"master"))
-}
-
 /// Whether a reply is the `READONLY` error of a server that is a replica now.
 fn is_read_only(reply: &Value) -> bool {
     matches!(reply, Value::ServerError(err) if err.kind() == Some(ServerErrorKind::ReadOnly))
-}
-
-/// An error for "no primary can be reached now", which callers treat as Redis being
-/// unavailable: worth retrying, and [`Error::is_unavailable`](crate::Error::is_unavailable).
-fn unavailable(why: String) -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::ConnectionRefused,
-        why,
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn bulk(text: &str) -> Value {
-        Value::BulkString(text.as_bytes().to_vec())
-    }
-
-    fn sighting(port: u16, epoch: u64, down: bool) -> Sighting {
-        Sighting {
-            host: "127.0.0.1".into(),
-            port,
-            epoch,
-            down,
-            failing_over: false,
-        }
-    }
-
-    #[test]
-    fn a_sentinel_answer_gives_address_epoch_and_state() {
-        let flat = |fields: &[&str]| Value::Array(fields.iter().copied().map(bulk).collect());
-        let address = flat(&["127.0.0.1", "7001"]);
-        let master = flat(&[
-            "name",
-            "locks",
-            "ip",
-            "127.0.0.1",
-            "port",
-            "7001",
-            "flags",
-            "master,s_down",
-            "config-epoch",
-            "3",
-        ]);
-        assert_eq!(
-            parse_sighting(&address, &master),
-            Some(sighting(7001, 3, true))
-        );
-        // During a failover the address is the replica being promoted, while the master the
-        // sentinel monitors (and marks down) is still the old one.
-        let promoted = flat(&["127.0.0.1", "7002"]);
-        assert_eq!(
-            parse_sighting(&promoted, &master),
-            Some(sighting(7002, 3, false))
-        );
-        let resp3 = Value::Map(vec![
-            (bulk("ip"), bulk("127.0.0.1")),
-            (bulk("port"), bulk("7002")),
-            (bulk("flags"), bulk("master")),
-            (bulk("config-epoch"), Value::Int(4)),
-        ]);
-        assert_eq!(
-            parse_sighting(&promoted, &resp3),
-            Some(sighting(7002, 4, false))
-        );
-        // A master this sentinel does not monitor.
-        assert_eq!(parse_sighting(&Value::Nil, &Value::Nil), None);
-    }
-
-    #[test]
-    fn the_newest_primary_that_is_up_comes_first() {
-        let sightings = vec![
-            sighting(7000, 1, true),
-            sighting(7001, 2, false),
-            sighting(7000, 1, false),
-            sighting(7002, 3, true),
-            sighting(7001, 2, false),
-        ];
-        let order: Vec<(u16, u64)> = candidates(sightings)
-            .into_iter()
-            .map(|s| (s.port, s.epoch))
-            .collect();
-        assert_eq!(order, [(7001, 2), (7000, 1), (7002, 3)]);
-    }
-
-    #[test]
-    fn roles_and_demotions_are_recognised() {
-        assert!(is_primary(&Value::Array(vec![
-            bulk("master"),
-            Value::Int(0)
-        ])));
-        assert!(!is_primary(&Value::Array(vec![bulk("slave")])));
-    }
 }

@@ -1,0 +1,183 @@
+//! What a primary says of itself when we connect to it: whether it is a primary, and
+//! whether it may have come back without the locks it had.
+//!
+//! **A primary restarted empty.** A primary without safe persistence that is killed and
+//! started again before the sentinels notice comes back empty; its replicas resynchronize
+//! from it and drop their copies, so every lock it held is gone while its holders still
+//! believe in them until their next refresh. No replica keeps them, so waiting for
+//! replicas cannot help. What helps is Redlock's *delayed restart*: such a primary grants
+//! no lock until the longest TTL in use has passed since it started. The client sees the
+//! case from what it asks at connect (every client connects again after a restart):
+//!
+//! - the primary was never a replica since it started (`second_repl_offset:-1`: a promoted
+//!   replica has the data it replicated),
+//! - it started after the sentinels (they have been up at least [`STARTED_AFTER`] longer:
+//!   a deployment started together is new, not restarted), and
+//! - it has no persistence that keeps every acknowledged write (`appendonly yes` with
+//!   `appendfsync always`; a snapshot or a once-a-second fsync loses the last writes).
+//!
+//! What it cannot see: a whole deployment restarted at once (sentinels too). The guide's
+//! failover page says which server settings close that.
+
+use std::time::Duration;
+
+use redis::Value;
+use tokio::time::Instant;
+
+use super::census::info_field;
+
+/// How much longer than the primary the sentinels must have been up for its start to
+/// count as a restart (uptimes are whole seconds).
+const STARTED_AFTER: u64 = 2;
+
+/// What the primary said at connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Facts {
+    /// `ROLE` says it is a primary.
+    pub(crate) is_primary: bool,
+    /// When it started, if it restarted without the locks it had (see the module's docs).
+    pub(crate) restarted_empty: Option<Instant>,
+}
+
+/// The commands whose replies [`Facts::parse`] reads, in one request.
+pub(crate) fn ask() -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.cmd("ROLE")
+        .cmd("INFO")
+        .arg("server")
+        .cmd("INFO")
+        .arg("persistence")
+        .cmd("INFO")
+        .arg("replication")
+        .cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        // CONFIG may be refused to a lock user: then the fsync policy is not known to be
+        // safe.
+        .ignore_errors();
+    pipe
+}
+
+impl Facts {
+    /// Reads the replies to [`ask`], given how long the sentinels have been up.
+    pub(crate) fn parse(replies: &[Value], sentinels_up: Option<u64>) -> Self {
+        let text = |i: usize| {
+            replies
+                .get(i)
+                .and_then(|reply| redis::from_redis_value_ref::<String>(reply).ok())
+                .unwrap_or_default()
+        };
+        let is_primary = replies.first().is_some_and(is_primary);
+        let (server, persistence, replication) = (text(1), text(2), text(3));
+        let uptime = info_field(&server, "uptime_in_seconds").and_then(|n| n.parse::<u64>().ok());
+        let never_replica = info_field(&replication, "second_repl_offset") == Some("-1");
+        let keeps_every_write =
+            info_field(&persistence, "aof_enabled") == Some("1") && fsync_always(replies.get(4));
+        let restarted = match (uptime, sentinels_up) {
+            (Some(uptime), Some(sentinels)) => {
+                is_primary
+                    && never_replica
+                    && !keeps_every_write
+                    && sentinels >= uptime + STARTED_AFTER
+            }
+            _ => false,
+        };
+        Self {
+            is_primary,
+            restarted_empty: restarted.then(|| {
+                let uptime = Duration::from_secs(uptime.unwrap_or(0));
+                Instant::now()
+                    .checked_sub(uptime)
+                    .unwrap_or_else(Instant::now)
+            }),
+        }
+    }
+}
+
+/// Whether a `CONFIG GET appendfsync` reply says `always`.
+fn fsync_always(reply: Option<&Value>) -> bool {
+    let Some(reply) = reply else {
+        return false;
+    };
+    let said = match reply {
+        Value::Array(items) => items
+            .get(1)
+            .and_then(|v| redis::from_redis_value_ref::<String>(v).ok()),
+        Value::Map(pairs) => pairs
+            .first()
+            .and_then(|(_, v)| redis::from_redis_value_ref::<String>(v).ok()),
+        _ => None,
+    };
+    said.is_some_and(|policy| policy.eq_ignore_ascii_case("always"))
+}
+
+/// Whether a `ROLE` reply is a primary's.
+pub(crate) fn is_primary(role: &Value) -> bool {
+    matches!(role, Value::Array(items) if matches!(items.first(), Some(Value::BulkString(role)) if role == b"master"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    fn replies(uptime: u64, second_offset: &str, aof: &str, fsync: &str) -> Vec<Value> {
+        vec![
+            Value::Array(vec![bulk("master"), Value::Int(0)]),
+            bulk(&format!("# Server\r\nuptime_in_seconds:{uptime}\r\n")),
+            bulk(&format!("# Persistence\r\naof_enabled:{aof}\r\n")),
+            bulk(&format!(
+                "# Replication\r\nrole:master\r\nsecond_repl_offset:{second_offset}\r\n"
+            )),
+            Value::Array(vec![bulk("appendfsync"), bulk(fsync)]),
+        ]
+    }
+
+    #[test]
+    fn a_primary_that_started_after_its_sentinels_without_safe_persistence_restarted_empty() {
+        let restarted = Facts::parse(&replies(0, "-1", "0", "everysec"), Some(30));
+        assert!(restarted.is_primary);
+        assert!(restarted.restarted_empty.is_some());
+        // Started with its sentinels: a new deployment.
+        assert!(
+            Facts::parse(&replies(30, "-1", "0", "everysec"), Some(31))
+                .restarted_empty
+                .is_none()
+        );
+        // A replica promoted since it started has the data it replicated.
+        assert!(
+            Facts::parse(&replies(0, "1234", "0", "everysec"), Some(30))
+                .restarted_empty
+                .is_none()
+        );
+        // Every acknowledged write is on disk.
+        assert!(
+            Facts::parse(&replies(0, "-1", "1", "always"), Some(30))
+                .restarted_empty
+                .is_none()
+        );
+        assert!(
+            Facts::parse(&replies(0, "-1", "1", "everysec"), Some(30))
+                .restarted_empty
+                .is_some()
+        );
+        // Nothing known of the sentinels: nothing to compare with.
+        assert!(
+            Facts::parse(&replies(0, "-1", "0", "no"), None)
+                .restarted_empty
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn roles_are_recognised() {
+        assert!(is_primary(&Value::Array(vec![
+            bulk("master"),
+            Value::Int(0)
+        ])));
+        assert!(!is_primary(&Value::Array(vec![bulk("slave")])));
+    }
+}
