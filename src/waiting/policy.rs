@@ -124,6 +124,9 @@ where
     let mut woken = false;
     // Time a queued waiter drew from the strategy and has not slept yet.
     let mut banked = Duration::ZERO;
+    // The last attempt fell short of its replicas: what the caller is told when the
+    // deadline cuts the next one (most likely waiting for the same replicas).
+    let mut short: Option<Error> = None;
     loop {
         // When this attempt is sent, at the earliest.
         let sending = first.take().unwrap_or_else(Instant::now);
@@ -147,8 +150,10 @@ where
             }
         };
         let Some(step) = step else {
-            // The attempt, dropped, cleans up after itself in the background.
-            return Err(Error::UnknownOutcome(cut_at_deadline()));
+            // The attempt, dropped, cleans up after itself in the background. Attempts that
+            // kept falling short of their replicas are reported as that, not as a reply
+            // that never came.
+            return Err(short.unwrap_or_else(|| Error::UnknownOutcome(cut_at_deadline())));
         };
         let (failure, held) = match step {
             Step::Done(value) => {
@@ -158,6 +163,16 @@ where
             Step::Stop(err) => return Err(err),
             Step::Again(err) => {
                 let held = held_on_a_quorum(&err);
+                short = match &err {
+                    Error::NotReplicated {
+                        acknowledged,
+                        required,
+                    } => Some(Error::NotReplicated {
+                        acknowledged: *acknowledged,
+                        required: *required,
+                    }),
+                    _ => None,
+                };
                 (err, held)
             }
             Step::Held(held) => {
