@@ -10,7 +10,6 @@
 
 use crate::support;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,21 +29,44 @@ fn trials() -> usize {
 
 /// Critical sections, as their holders believed them: from the obtain's return to the
 /// release, or to the first refresh that failed (a prudent holder stops there).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Sections(
     Arc<Mutex<Vec<(Instant, Instant, String)>>>,
-    Arc<AtomicUsize>,
+    Arc<tokio::sync::watch::Sender<usize>>,
 );
+
+impl Default for Sections {
+    fn default() -> Self {
+        Self(Arc::default(), Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+}
 
 impl Sections {
     /// A holder got its lock (its section is recorded when it ends).
     fn started(&self) {
-        self.1.fetch_add(1, Ordering::Relaxed);
+        self.1.send_modify(|n| *n += 1);
     }
 
     /// How many holders got their lock so far.
     fn holders(&self) -> usize {
-        self.1.load(Ordering::Relaxed)
+        *self.1.borrow()
+    }
+
+    /// Waits until `n` holders got their lock, for at most `within`.
+    async fn await_holders(&self, n: usize, within: Duration) {
+        let mut holders = self.1.subscribe();
+        let _ = tokio::time::timeout(within, holders.wait_for(|got| *got >= n)).await;
+    }
+
+    /// Fails trial `trial` when any two sections overlapped.
+    fn assert_none_overlapped(&self, trial: usize) {
+        let overlaps = self.overlaps();
+        assert!(
+            overlaps.is_empty(),
+            "trial {trial}: {} of {} sections overlapped: {overlaps:?}",
+            overlaps.len(),
+            self.count()
+        );
     }
 
     fn record(&self, start: Instant, end: Instant, who: String) {
@@ -225,13 +247,7 @@ async fn a_planned_failover_never_gives_one_lock_to_two_runs() {
         stop.send_replace(true);
         let mut runs = runs.await.unwrap();
         while runs.join_next().await.is_some() {}
-        let overlaps = sections.overlaps();
-        assert!(
-            overlaps.is_empty(),
-            "trial {trial}: {} of {} sections overlapped: {overlaps:?}",
-            overlaps.len(),
-            sections.count()
-        );
+        sections.assert_none_overlapped(trial);
         let lock = lock_within(
             failover.config(Replication::all()),
             "planned",
@@ -286,21 +302,15 @@ async fn a_primary_restarted_empty_grants_nothing_while_a_lock_it_forgot_may_be_
         );
         // Runs go on until one got the lock after the restart, or for long enough.
         let gave_up = restarted + ttl + ms(8_000);
-        while sections.holders() < 1 && Instant::now() < gave_up {
-            tokio::time::sleep(ms(50)).await;
-        }
+        sections
+            .await_holders(1, gave_up.saturating_duration_since(Instant::now()))
+            .await;
         stop.send_replace(true);
         let mut runs = runs.await.unwrap();
         while runs.join_next().await.is_some() {}
         let end = holding.await.unwrap();
         sections.record(start, end, "the holder".into());
-        let overlaps = sections.overlaps();
-        assert!(
-            overlaps.is_empty(),
-            "trial {trial}: {} of {} sections overlapped: {overlaps:?}",
-            overlaps.len(),
-            sections.count()
-        );
+        sections.assert_none_overlapped(trial);
         assert!(
             sections.count() >= 2,
             "trial {trial}: nobody locked within {:?} of the restart",
@@ -456,27 +466,17 @@ async fn runs_in_five_loops_never_overlap_across_a_killed_primary() {
                 }
             });
         }
-        while sections.holders() < 3 {
-            tokio::time::sleep(ms(20)).await;
-        }
+        sections.await_holders(3, ms(60_000)).await;
         let old = failover.nodes[failover.primary()].port();
         failover.kill_primary();
         failover.wait_for_promotion(old).await;
         let switched = Instant::now();
         let before = sections.holders();
-        while sections.holders() < before + 3 && switched.elapsed() < ms(20_000) {
-            tokio::time::sleep(ms(20)).await;
-        }
+        sections.await_holders(before + 3, ms(20_000)).await;
         let relocked = switched.elapsed();
         stop.send_replace(true);
         while loops.join_next().await.is_some() {}
-        let overlaps = sections.overlaps();
-        assert!(
-            overlaps.is_empty(),
-            "trial {trial}: {} of {} sections overlapped: {overlaps:?}",
-            overlaps.len(),
-            sections.count()
-        );
+        sections.assert_none_overlapped(trial);
         // The run that held the lock when its primary died could not release it: the
         // lock survived the failover (as it must) and expires with its TTL (3 s).
         assert!(
