@@ -444,10 +444,29 @@ async fn no_replica_connected_is_not_bad_input() {
 }
 
 /// Five loops of one-operation runs (each waits up to 3 s for the lock, holds it 300 ms)
-/// while the primary is killed (SIGKILL) and then paused-and-replaced: no two runs overlap,
-/// and runs lock again soon after the sentinels switch.
+/// while the primary is killed (SIGKILL): no two runs overlap, and runs lock again soon
+/// after the sentinels switch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_in_five_loops_never_overlap_across_a_killed_primary() {
+    five_loops_across(PrimaryFault::Killed).await;
+}
+
+/// The same with the primary paused (SIGSTOP) for 3 s, three times the sentinels'
+/// down-after: it is replaced while paused, and when it resumes it still takes the writes
+/// of clients connected to it until the sentinels demote it; none of them may count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_in_five_loops_never_overlap_across_a_paused_primary() {
+    five_loops_across(PrimaryFault::Paused).await;
+}
+
+/// What happens to the primary in [`five_loops_across`].
+#[derive(Clone, Copy, Debug)]
+enum PrimaryFault {
+    Killed,
+    Paused,
+}
+
+async fn five_loops_across(fault: PrimaryFault) {
     for trial in 0..trials() {
         let mut failover = Failover::start(2).await;
         let sections = Sections::default();
@@ -467,10 +486,22 @@ async fn runs_in_five_loops_never_overlap_across_a_killed_primary() {
             });
         }
         sections.await_holders(3, ms(60_000)).await;
-        let old = failover.nodes[failover.primary()].port();
-        failover.kill_primary();
+        let primary = failover.primary();
+        let old = failover.nodes[primary].port();
+        match fault {
+            PrimaryFault::Killed => {
+                failover.kill_primary();
+            }
+            PrimaryFault::Paused => failover.nodes[primary].pause(),
+        }
         failover.wait_for_promotion(old).await;
         let switched = Instant::now();
+        if let PrimaryFault::Paused = fault {
+            // Paused on until a second after the switch: clients that were waiting on it
+            // are answered by a primary the sentinels no longer name.
+            tokio::time::sleep(ms(1_000)).await;
+            failover.nodes[primary].resume();
+        }
         let before = sections.holders();
         sections.await_holders(before + 3, ms(20_000)).await;
         let relocked = switched.elapsed();
@@ -478,13 +509,19 @@ async fn runs_in_five_loops_never_overlap_across_a_killed_primary() {
         while loops.join_next().await.is_some() {}
         sections.assert_none_overlapped(trial);
         // The run that held the lock when its primary died could not release it: the
-        // lock survived the failover (as it must) and expires with its TTL (3 s).
+        // lock survived the failover (as it must) and expires with its TTL (3 s). Runs
+        // then need the new primary's replica back in sync: the sentinels reconfigure it
+        // during the failover, or, when that ran past the failover timeout on a loaded
+        // machine, at their next look at it, up to 10 s later (seen once in 20 trials:
+        // 12.3 s).
+        let new = failover.nodes[failover.primary()].port();
         assert!(
-            relocked < ms(8_000),
-            "trial {trial}: three more runs locked only {relocked:?} after the switch"
+            relocked < ms(15_000),
+            "{fault:?} trial {trial}: three more runs locked only {relocked:?} after the switch; the new primary's replication: {}",
+            failover.ask_node(new, &["INFO", "replication"])
         );
         eprintln!(
-            "TORTURE kill -9 under five loops trial {trial}: {} sections, 0 overlaps, three runs locked {relocked:?} after the switch",
+            "TORTURE {fault:?} primary under five loops trial {trial}: {} sections, 0 overlaps, three runs locked {relocked:?} after the switch",
             sections.count()
         );
     }
@@ -501,4 +538,33 @@ async fn waiting_run(config: SentinelConfig, key: &str, sections: Sections, who:
     sections.started();
     let end = hold(lock, ttl, ms(300)).await;
     sections.record(start, end, who);
+}
+
+/// Sentinels down: one of three changes nothing (two still make a majority); with two
+/// down, no majority can name a primary, and connecting fails as unavailable, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sentinel_down_changes_nothing_and_two_stop_locking_at_once() {
+    let mut failover = Failover::start(1).await;
+    failover.sentinels[2].kill();
+    let lock = lock_within(
+        failover.config(Replication::all()),
+        "s",
+        ms(5_000),
+        ms(5_000),
+    )
+    .await;
+    assert!(lock.is_ok(), "{lock:?}");
+    failover.sentinels[1].kill();
+    let started = Instant::now();
+    let err = Client::connect_sentinel(failover.config(Replication::all()))
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(
+        err.to_string().contains("sentinel"),
+        "says what is missing: {err}"
+    );
+    // Two connection timeouts of the test's configuration at most (2 s each, in parallel).
+    assert!(started.elapsed() < ms(4_500), "{:?}", started.elapsed());
 }
