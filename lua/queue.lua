@@ -35,9 +35,13 @@ local LOOK_AT_MOST = 16
 -- Keys read or written by one command.
 local QUEUE_CHUNK = 1000
 
--- The name of KEY's waiter queue, which hashes to KEY's cluster slot: a key with a hash tag
--- keeps it, a key without one becomes the tag. nil for a key without a hash tag that
--- contains '}': it has no queue, and its waiters do not queue (src/slots.rs, same rule).
+-- The name of KEY's waiter queue: it begins with KEY (one ACL key pattern per key prefix
+-- covers it and the records named after it) and hashes to KEY's cluster slot: a key with a
+-- hash tag keeps it, a key without one becomes the tag after itself ("job" ->
+-- "job{job}:lockset:queue"). nil for a key without a hash tag that contains '{' or '}': it
+-- has no queue, and its waiters do not queue. The rule's home is src/slots.rs
+-- (queue_key_for); this copy names the queues of the waiters a release hands on to, whose
+-- keys only their records know.
 local function queue_of(key)
   local open = string.find(key, '{', 1, true)
   if open then
@@ -45,11 +49,12 @@ local function queue_of(key)
     if close and close > open + 1 then
       return key .. QUEUE_SUFFIX
     end
+    return nil
   end
   if string.find(key, '}', 1, true) then
     return nil
   end
-  return '{' .. key .. '}' .. QUEUE_SUFFIX
+  return key .. '{' .. key .. '}' .. QUEUE_SUFFIX
 end
 
 -- The record name of waiter ID waiting for KEYS (named after the first key).
@@ -104,7 +109,7 @@ end
 -- Waiter MEMBER (id ID, attempt TURN, lease LEASE ms) blocked by KEYS[BLOCKED] queues on
 -- every key of KEYS, or renews its lease (the record's expiry), keeping its place. Its
 -- record names every key, also a single one (two keys' queues may share a name: "job" and
--- "{job}"), the value it stores (VALUE, for TTL ms), the channel it hears its hand-off on
+-- "job{job}"), the value it stores (VALUE, for TTL ms), the channel it hears its hand-off on
 -- (KEYS[LISTEN], else the blocking key's) and MODES (nil: every key exclusive).
 local function queue_up(member, keys, value, ttl, lease, id, turn, listen, blocked, modes)
   local count = #keys
@@ -332,7 +337,7 @@ local function hand_off(key, released, notice, free)
       redis.call('ZREM', queue, member)
     else
       local writes = writes_any(modes)
-      -- Another key's queue may share this one's name ("job" and "{job}"): only a waiter
+      -- Another key's queue may share this one's name ("job" and "job{job}"): only a waiter
       -- for KEY itself may have it.
       local wants = nil
       local behind = false  -- behind another waiter for a key this release frees

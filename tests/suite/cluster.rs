@@ -492,7 +492,7 @@ async fn modes_on_a_cluster() {
         });
         let owner = cluster.owner_of(cluster.keyslot(&doc));
         // A fair writer queues (a barging one would mark the key with "=x").
-        let queue = format!("{doc}:lockset:queue");
+        let queue = lockset::queue_key_for(&doc).unwrap();
         support::eventually(ms(10_000), "the writer queued", async || {
             cluster.cli(owner, &["ZCARD", &queue]).trim() == "1"
         })
@@ -520,10 +520,7 @@ async fn fair_waiters_on_a_cluster_get_the_lock_in_arrival_order() {
     // notice live in each key's slot.
     for key in ["{a}:job", "{b}:job", "job"] {
         let owner = cluster.owner_of(cluster.keyslot(key));
-        let queue = match key {
-            "job" => "{job}:lockset:queue".to_owned(),
-            _ => format!("{key}:lockset:queue"),
-        };
+        let queue = lockset::queue_key_for(key).unwrap();
         let held = holder
             .obtain(key, ms(60_000), &Options::default())
             .await
