@@ -95,15 +95,28 @@ local function first_in_all(member, keys)
   return true
 end
 
--- Takes MEMBER out of the queue of every key in KEYS, and deletes its record.
+-- Takes MEMBER out of the queue of every key in KEYS, and deletes its record. The record
+-- goes first: once it is gone, an entry left in some queue (see settle) is a dead waiter's,
+-- which the next release drops.
 local function dequeue(member, keys)
+  redis.call('DEL', member)
   for i = 1, #keys do
     local queue = queue_of(keys[i])
     if queue then
       redis.call('ZREM', queue, member)
     end
   end
-  redis.call('DEL', member)
+end
+
+-- Runs FN(...) for queue work a lock can do without; false when a command of it failed.
+-- While a cluster slot migrates, its source node refuses a script every key it does not
+-- hold (ASK), KEYS or not: a queue or record still to be made, or moved already, or a key
+-- this script just deleted. The work stops there, and what ran before the failing command
+-- stays (scripts are not rolled back): each caller orders its writes so that what stays is
+-- sound, and goes on as if nobody queued (waiters are announced the release instead, and
+-- wait unqueued, as barging ones do).
+local function settle(fn, ...)
+  return (pcall(fn, ...))
 end
 
 -- Waiter MEMBER (id ID, attempt TURN, lease LEASE ms) blocked by KEYS[BLOCKED] queues on
@@ -299,9 +312,10 @@ local function grant(member, record, keys, modes, left, listen, key, notice)
   local px = math.min(tonumber(record.t), left)
   for j = 1, #keys do
     local queue = queue_of(keys[j])
-    redis.call('ZREM', queue, member)
-    local marked = keys[j] == key or redis.call('EXISTS', queue) == 1
-    take(keys[j], modes[j], value, px, marked)
+    -- Counted before the removal: a queue left empty is gone, and on a migrating slot's
+    -- source a key gone is out of reach for the rest of the script.
+    local others = redis.call('ZCARD', queue) - redis.call('ZREM', queue, member)
+    take(keys[j], modes[j], value, px, keys[j] == key or others > 0)
   end
   redis.call('DEL', member)
   if notice ~= '' then

@@ -552,3 +552,74 @@ async fn fair_waiters_on_a_cluster_get_the_lock_in_arrival_order() {
         assert_eq!(cluster.cli(owner, &["EXISTS", &queue]).trim(), "0");
     }
 }
+
+/// A slot in migration, one of its keys moved already, the lock key still on the source: a
+/// fair waiter (the default) waits as on a stable slot and ends "not obtained" at its
+/// deadline; the holder's release of the key a waiter queued for before the migration
+/// reports success, and that waiter has the key soon after (handed, or woken and obtaining
+/// it on the target by ASK); its release succeeds too, and no key keeps a waiter's mark.
+/// Before, the fair waiter failed at once with "Script attempted to access a non local key"
+/// (its queue and record are not on the source) and left its mark, and the release failed
+/// after deleting the key (its hand-off touched the key it had just deleted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_and_releases_work_while_their_slot_is_migrating() {
+    let cluster = Cluster::start();
+    let holder = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let (key, other) = ("{fmig}:held", "{fmig}:other");
+    let slot = cluster.keyslot(key);
+    let from = cluster.owner_of(slot);
+    let to = (from + 1) % 3;
+    let lock = holder
+        .obtain(key, ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    // A waiter queued while the slot is stable.
+    let early = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.obtain(key, ms(30_000), &slow_polling()).await }
+    });
+    let queue = lockset::queue_key_for(key).unwrap();
+    support::eventually(ms(10_000), "the early waiter queued", async || {
+        cluster.cli(from, &["ZCARD", &queue]).trim() == "1"
+    })
+    .await;
+    cluster.cli(from, &["SET", other, "x"]);
+    cluster.begin_migration(slot, from, to);
+    cluster.move_keys(from, to, &[other]);
+
+    let started = tokio::time::Instant::now();
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(1_000));
+    let err = waiting.obtain(key, ms(10_000), &options).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert!(took >= ms(1_000) && took < ms(3_000), "{took:?}");
+
+    let released = tokio::time::Instant::now();
+    lock.release().await.unwrap();
+    let theirs = tokio::time::timeout(Duration::from_secs(10), early)
+        .await
+        .expect("never woken")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(
+        took < WOKEN_WITHIN,
+        "the early waiter had the key after {took:?}"
+    );
+    assert!(theirs.ttl().await.unwrap().unwrap() > ms(20_000));
+    theirs.release().await.unwrap();
+    // What the waiters left on the source (a record until its lease ends) goes along.
+    let left = cluster.cli(
+        from,
+        &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"],
+    );
+    let left: Vec<&str> = left.lines().filter(|k| !k.is_empty()).collect();
+    if !left.is_empty() {
+        cluster.move_keys(from, to, &left);
+    }
+    cluster.end_migration(slot, to);
+    assert_eq!(cluster.cli(to, &["EXISTS", key]).trim(), "0");
+}
