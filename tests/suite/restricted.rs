@@ -124,3 +124,39 @@ async fn a_user_limited_to_a_key_prefix_gives_up_waiting_and_shares() {
     }
     assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
 }
+
+/// A waiter of another user queues for a key of the restricted user's together with a key
+/// outside its pattern: the restricted user's release cannot hand that key on (the server
+/// refuses its script the key), but it has deleted its own: it reports success and
+/// announces the release, and the waiter obtains both keys itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_succeeds_when_its_hand_off_needs_a_key_outside_the_users_pattern() {
+    let (server, holder, _) = restricted().await;
+    let admin = Client::connect(&server.url()).await.unwrap();
+    let lock = holder
+        .obtain("pre:{t}:a", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let admin = admin.clone();
+        let options = Options::default()
+            .retry(Retry::linear(ms(20_000)))
+            .timeout(ms(30_000));
+        async move {
+            admin
+                .obtain_multi(["pre:{t}:a", "other:{t}:b"], ms(10_000), &options)
+                .await
+        }
+    });
+    support::eventually(ms(10_000), "the waiter queues", async || {
+        queued(&server, "pre:{t}:a").await == 1
+    })
+    .await;
+    let released = Instant::now();
+    lock.release().await.unwrap();
+    let theirs = waiting.await.unwrap().expect("woken by the release");
+    let took = released.elapsed();
+    assert!(took < HANDED_WITHIN, "had the keys after {took:?}");
+    theirs.release().await.unwrap();
+    assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
+}
