@@ -557,21 +557,31 @@ async fn fair_waiters_on_a_cluster_get_the_lock_in_arrival_order() {
 /// fair waiter (the default) waits as on a stable slot and ends "not obtained" at its
 /// deadline; the holder's release of the key a waiter queued for before the migration
 /// reports success, and that waiter has the key soon after (handed, or woken and obtaining
-/// it on the target by ASK); its release succeeds too, and no key keeps a waiter's mark.
-/// Before, the fair waiter failed at once with "Script attempted to access a non local key"
-/// (its queue and record are not on the source) and left its mark, and the release failed
-/// after deleting the key (its hand-off touched the key it had just deleted).
+/// it on the target by ASK), without a waiter's mark; its release succeeds too. Before, the
+/// fair waiter failed at once with "Script attempted to access a non local key" (its queue
+/// and record are not on the source) and left its mark, and the release failed after
+/// deleting the key (its hand-off touched the key it had just deleted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_waiters_and_releases_work_while_their_slot_is_migrating() {
+    handed_on_while_migrating("{fmig}:held", lockset::Mode::Exclusive).await;
+}
+
+/// The same with a reader's release (`modes.lua`) and a writer waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readers_release_hands_on_while_its_slot_is_migrating() {
+    handed_on_while_migrating("{fmig}:doc", lockset::Mode::Shared).await;
+}
+
+async fn handed_on_while_migrating(key: &'static str, held_as: lockset::Mode) {
     let cluster = Cluster::start();
     let holder = Client::connect_cluster(cluster.urls()).await.unwrap();
     let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
-    let (key, other) = ("{fmig}:held", "{fmig}:other");
+    let other = "{fmig}:other";
     let slot = cluster.keyslot(key);
     let from = cluster.owner_of(slot);
     let to = (from + 1) % 3;
     let lock = holder
-        .obtain(key, ms(60_000), &Options::default())
+        .obtain((key, held_as), ms(60_000), &Options::default())
         .await
         .unwrap();
     // A waiter queued while the slot is stable.
@@ -610,6 +620,9 @@ async fn fair_waiters_and_releases_work_while_their_slot_is_migrating() {
         "the early waiter had the key after {took:?}"
     );
     assert!(theirs.ttl().await.unwrap().unwrap() > ms(20_000));
+    let value = importing_value(&cluster, to, key).expect("the key on the target");
+    assert!(value.contains(theirs.token()), "{value}");
+    assert!(!value.starts_with('!'), "a waiter's mark stayed: {value}");
     theirs.release().await.unwrap();
     // What the waiters left on the source (a record until its lease ends) goes along.
     let left = cluster.cli(
@@ -622,4 +635,17 @@ async fn fair_waiters_and_releases_work_while_their_slot_is_migrating() {
     }
     cluster.end_migration(slot, to);
     assert_eq!(cluster.cli(to, &["EXISTS", key]).trim(), "0");
+}
+
+/// `key`'s value on node `node`, which imports its slot (asked with ASKING).
+fn importing_value(cluster: &Cluster, node: usize, key: &str) -> Option<String> {
+    let client = lockset::redis::Client::open(cluster.nodes[node].url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let ((), value): ((), Option<String>) = lockset::redis::pipe()
+        .cmd("ASKING")
+        .cmd("GET")
+        .arg(key)
+        .query(&mut conn)
+        .unwrap();
+    value
 }
