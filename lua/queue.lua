@@ -389,15 +389,9 @@ local function hand_off(key, released, notice, free)
   return handed
 end
 
--- Whether a lock that would join KEY's holders in MODE ('s', or 'p<N>' with a permit left)
--- must let a waiter go first: a live waiter in KEY's queue that came before MEMBER (every
--- waiter there, for a lock that is not queued: MEMBER nil) and wants KEY in a mode that
--- cannot share it with MODE.
-local function queue_blocks(key, mode, member)
-  local queue = queue_of(key)
-  if not queue then
-    return false
-  end
+-- Whether a waiter in QUEUE, KEY's queue, that came before MEMBER wants KEY in a mode that
+-- cannot share it with MODE (see queue_blocks).
+local function waits_before(queue, key, mode, member)
   local members = redis.call('ZRANGE', queue, 0, LOOK_AT_MOST - 1)
   for m = 1, #members do
     if members[m] == member then
@@ -411,4 +405,18 @@ local function queue_blocks(key, mode, member)
     end
   end
   return false
+end
+
+-- Whether a lock that would join KEY's holders in MODE ('s', or 'p<N>' with a permit left)
+-- must let a waiter go first: a live waiter in KEY's queue that came before MEMBER (every
+-- waiter there, for a lock that is not queued: MEMBER nil) and wants KEY in a mode that
+-- cannot share it with MODE. A queue out of reach (see settle) shows nobody: the lock goes
+-- ahead as where nobody queues.
+local function queue_blocks(key, mode, member)
+  local queue = queue_of(key)
+  if not queue then
+    return false
+  end
+  local ok, blocks = pcall(waits_before, queue, key, mode, member)
+  return ok and blocks
 end

@@ -649,3 +649,35 @@ fn importing_value(cluster: &Cluster, node: usize, key: &str) -> Option<String> 
         .unwrap();
     value
 }
+
+/// A reader joins a key that readers hold while its slot migrates (the key still on the
+/// source, no queue there): the obtain looks for queued writers it must let go first, which
+/// it cannot read on the source, and takes the key as on a stable slot where nobody queues.
+/// Before, it failed with "Script attempted to access a non local key" (`queue_blocks`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_join_while_their_slot_is_migrating() {
+    use lockset::Mode;
+    let cluster = Cluster::start();
+    let client = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let (key, other) = ("{rmig}:doc", "{rmig}:other");
+    let slot = cluster.keyslot(key);
+    let from = cluster.owner_of(slot);
+    let to = (from + 1) % 3;
+    let first = client
+        .obtain((key, Mode::Shared), ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    cluster.cli(from, &["SET", other, "x"]);
+    cluster.begin_migration(slot, from, to);
+    cluster.move_keys(from, to, &[other]);
+    let options = Options::default().timeout(ms(2_000));
+    let started = tokio::time::Instant::now();
+    let second = client
+        .obtain((key, Mode::Shared), ms(60_000), &options)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < ms(1_000), "{:?}", started.elapsed());
+    second.release().await.unwrap();
+    first.release().await.unwrap();
+    cluster.end_migration(slot, to);
+}
