@@ -29,6 +29,11 @@
 -- that cannot share with it waits behind it (see queue_blocks): so readers never starve a
 -- queued writer, nor writers a queued reader.
 
+-- Queues and records are not in the scripts' KEYS (only the lock's keys are): they are in
+-- the lock keys' slot, and Redis checks ACL patterns and slots on each command anyway; named
+-- in KEYS, a queue not yet on the node that has the lock key while the slot migrates would
+-- make Redis refuse the whole script (TRYAGAIN) until the migration ends. See the cluster
+-- guide, and settle below for what a script does without them.
 local QUEUE_SUFFIX = ':lockset:queue'
 -- Queue entries a release looks at before it leaves a key free.
 local LOOK_AT_MOST = 16
