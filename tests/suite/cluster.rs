@@ -604,7 +604,12 @@ async fn handed_on_while_migrating(key: &'static str, held_as: lockset::Mode) {
         .timeout(ms(1_000));
     let err = waiting.obtain(key, ms(10_000), &options).await.unwrap_err();
     let took = started.elapsed();
-    assert!(err.is_deadline_exceeded(), "{err:?}");
+    // As on a stable slot: not obtained at the deadline, or, on a machine so loaded that an
+    // attempt is still on its way then, an unknown outcome; never the script's error.
+    assert!(
+        err.is_deadline_exceeded() || matches!(err, Error::UnknownOutcome(_)),
+        "{err:?}"
+    );
     assert!(took >= ms(1_000) && took < ms(3_000), "{took:?}");
 
     let released = tokio::time::Instant::now();
