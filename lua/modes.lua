@@ -395,7 +395,11 @@ local function obtain()
         if not holder and top and not writes then
           return held_set(i, top)
         elseif not holder then
-          redis.call('DEL', key)
+          -- An exclusive key's SET below replaces the set: deleted first, the key would be
+          -- out of reach for that SET on a migrating slot's source (see settle).
+          if mode ~= 'x' then
+            redis.call('DEL', key)
+          end
           what = 'free'
         end
       end
@@ -476,8 +480,9 @@ local function obtain()
       end
     elseif mode == 'x' then
       -- A set that somebody waited on becomes a value marked for its release to announce.
+      -- SET replaces a set whatever it holds; a DEL before it would put the key out of
+      -- reach of the SET on a migrating slot's source.
       local waited = plan == 'replace' and redis.call('ZSCORE', key, '=w')
-      redis.call('DEL', key)
       redis.call('SET', key, waited and '!' .. value or value, 'PX', ttl)
     elseif plan == 'new' or plan == 'join' then
       join_set(key, mode, value, now + ttl, true, plan == 'new')

@@ -686,3 +686,46 @@ async fn readers_join_while_their_slot_is_migrating() {
     first.release().await.unwrap();
     cluster.end_migration(slot, to);
 }
+
+/// A barging writer waits for a reader (its mark stays in the key's set); the reader leaves
+/// while the slot migrates: the writer, told of the release, takes the key over the set
+/// that only its mark keeps alive, as on a stable slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barging_writer_takes_over_a_readers_set_while_its_slot_is_migrating() {
+    use lockset::Mode;
+    let cluster = Cluster::start();
+    let holder = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let (key, other) = ("{wmig}:doc", "{wmig}:other");
+    let slot = cluster.keyslot(key);
+    let from = cluster.owner_of(slot);
+    let to = (from + 1) % 3;
+    let reader = holder
+        .obtain((key, Mode::Shared), ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let writer = tokio::spawn({
+        let waiting = waiting.clone();
+        async move {
+            let options = slow_polling().fair(false);
+            waiting.obtain(key, ms(30_000), &options).await
+        }
+    });
+    support::eventually(ms(10_000), "the writer marked the set", async || {
+        cluster.cli(from, &["ZSCORE", key, "=x"]).trim() != ""
+    })
+    .await;
+    cluster.cli(from, &["SET", other, "x"]);
+    cluster.begin_migration(slot, from, to);
+    cluster.move_keys(from, to, &[other]);
+    let released = tokio::time::Instant::now();
+    reader.release().await.unwrap();
+    let lock = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("never woken")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(took < WOKEN_WITHIN, "the writer had the key after {took:?}");
+    lock.release().await.unwrap();
+}
