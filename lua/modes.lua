@@ -294,7 +294,7 @@ local function release()
   local keys = first_keys(count)
   -- A fair waiter that gives up leaves its queues (and releases what it was handed).
   if leaving and leaving ~= '' and queue_of(KEYS[1]) then
-    dequeue(record_of(keys, leaving), keys)
+    settle(dequeue, record_of(keys, leaving), keys)
   end
   if ARGV[9] == '1' then
     return 1
@@ -329,8 +329,10 @@ local function release()
   -- Waiters that queue for a key mark it as any waiter does ('!', '=w'), and room is made
   -- for them only where `waited` says so: a reader's release that leaves other readers lets
   -- no waiter in that another key of this release does not.
+  -- A hand-off that fails part-way (see settle) announces: the release is done.
   for i = 1, count do
-    if waited[i] and not hand_off(KEYS[i], released, notice, false) and announce ~= '' then
+    local handed = waited[i] and select(2, pcall(hand_off, KEYS[i], released, notice, false))
+    if waited[i] and handed ~= true and announce ~= '' then
       redis.pcall(announce, KEYS[i], payload)
     end
   end
@@ -355,9 +357,12 @@ local function obtain()
 
   -- Blocked by KEYS[i], held for PTTL more ms: a fair waiter queues (or renews its place).
   local function held(i, pttl)
-    if fair then
-      queue_up(member, first_keys(count), value, ARGV[5], lease, id, turn, listen, i, ARGV[2])
+    local keys = first_keys(count)
+    if fair and settle(queue_up, member, keys, value, ARGV[5], lease, id, turn, listen, i, ARGV[2]) then
       return {0, pttl, i, 1}
+    elseif fair then
+      -- Out of reach (see settle): waits unqueued; what it queued so far goes.
+      settle(dequeue, member, keys)
     end
     return {0, pttl, i}
   end
@@ -390,7 +395,11 @@ local function obtain()
         if not holder and top and not writes then
           return held_set(i, top)
         elseif not holder then
-          redis.call('DEL', key)
+          -- An exclusive key's SET below replaces the set: deleted first, the key would be
+          -- out of reach for that SET on a migrating slot's source (see settle).
+          if mode ~= 'x' then
+            redis.call('DEL', key)
+          end
           what = 'free'
         end
       end
@@ -471,8 +480,9 @@ local function obtain()
       end
     elseif mode == 'x' then
       -- A set that somebody waited on becomes a value marked for its release to announce.
+      -- SET replaces a set whatever it holds; a DEL before it would put the key out of
+      -- reach of the SET on a migrating slot's source.
       local waited = plan == 'replace' and redis.call('ZSCORE', key, '=w')
-      redis.call('DEL', key)
       redis.call('SET', key, waited and '!' .. value or value, 'PX', ttl)
     elseif plan == 'new' or plan == 'join' then
       join_set(key, mode, value, now + ttl, true, plan == 'new')
@@ -485,7 +495,7 @@ local function obtain()
   -- A fair waiter leaves the queues it may be in (any attempt after its first may have
   -- queued).
   if fair and turn ~= '1' then
-    dequeue(member, first_keys(count))
+    settle(dequeue, member, first_keys(count))
   end
   return {1, fence}
 end

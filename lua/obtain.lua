@@ -99,7 +99,7 @@ end
 -- have queued, also one whose record has expired since (its entries outlive the record).
 local function won(fence)
   if fair and turn ~= '1' then
-    dequeue(member, lock_keys())
+    settle(dequeue, member, lock_keys())
   end
   return {1, fence}
 end
@@ -135,9 +135,11 @@ local function held_by_another(i, current)
   if mark_holder and ours_to_mark(current) then
     redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
   end
-  if fair then
-    queue_up(member, lock_keys(), value, ttl, lease, id, turn, listen, i, nil)
+  if fair and settle(queue_up, member, lock_keys(), value, ttl, lease, id, turn, listen, i, nil) then
     return {0, redis.call('PTTL', KEYS[i]), i, 1}
+  elseif fair then
+    -- Out of reach (see settle): waits unqueued; what it queued so far goes.
+    settle(dequeue, member, lock_keys())
   end
   return {0, redis.call('PTTL', KEYS[i]), i}
 end

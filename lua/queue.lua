@@ -29,15 +29,24 @@
 -- that cannot share with it waits behind it (see queue_blocks): so readers never starve a
 -- queued writer, nor writers a queued reader.
 
+-- Queues and records are not in the scripts' KEYS (only the lock's keys are): they are in
+-- the lock keys' slot, and Redis checks ACL patterns and slots on each command anyway; named
+-- in KEYS, a queue not yet on the node that has the lock key while the slot migrates would
+-- make Redis refuse the whole script (TRYAGAIN) until the migration ends. See the cluster
+-- guide, and settle below for what a script does without them.
 local QUEUE_SUFFIX = ':lockset:queue'
 -- Queue entries a release looks at before it leaves a key free.
 local LOOK_AT_MOST = 16
 -- Keys read or written by one command.
 local QUEUE_CHUNK = 1000
 
--- The name of KEY's waiter queue, which hashes to KEY's cluster slot: a key with a hash tag
--- keeps it, a key without one becomes the tag. nil for a key without a hash tag that
--- contains '}': it has no queue, and its waiters do not queue (src/slots.rs, same rule).
+-- The name of KEY's waiter queue: it begins with KEY (one ACL key pattern per key prefix
+-- covers it and the records named after it) and hashes to KEY's cluster slot: a key with a
+-- hash tag keeps it, a key without one becomes the tag after itself ("job" ->
+-- "job{job}:lockset:queue"). nil for a key without a hash tag that contains '{' or '}': it
+-- has no queue, and its waiters do not queue. The rule's home is src/slots.rs
+-- (queue_key_for); this copy names the queues of the waiters a release hands on to, whose
+-- keys only their records know.
 local function queue_of(key)
   local open = string.find(key, '{', 1, true)
   if open then
@@ -45,11 +54,12 @@ local function queue_of(key)
     if close and close > open + 1 then
       return key .. QUEUE_SUFFIX
     end
+    return nil
   end
   if string.find(key, '}', 1, true) then
     return nil
   end
-  return '{' .. key .. '}' .. QUEUE_SUFFIX
+  return key .. '{' .. key .. '}' .. QUEUE_SUFFIX
 end
 
 -- The record name of waiter ID waiting for KEYS (named after the first key).
@@ -90,21 +100,34 @@ local function first_in_all(member, keys)
   return true
 end
 
--- Takes MEMBER out of the queue of every key in KEYS, and deletes its record.
+-- Takes MEMBER out of the queue of every key in KEYS, and deletes its record. The record
+-- goes first: once it is gone, an entry left in some queue (see settle) is a dead waiter's,
+-- which the next release drops.
 local function dequeue(member, keys)
+  redis.call('DEL', member)
   for i = 1, #keys do
     local queue = queue_of(keys[i])
     if queue then
       redis.call('ZREM', queue, member)
     end
   end
-  redis.call('DEL', member)
+end
+
+-- Runs FN(...) for queue work a lock can do without; false when a command of it failed.
+-- While a cluster slot migrates, its source node refuses a script every key it does not
+-- hold (ASK), KEYS or not: a queue or record still to be made, or moved already, or a key
+-- this script just deleted. The work stops there, and what ran before the failing command
+-- stays (scripts are not rolled back): each caller orders its writes so that what stays is
+-- sound, and goes on as if nobody queued (waiters are announced the release instead, and
+-- wait unqueued, as barging ones do).
+local function settle(fn, ...)
+  return (pcall(fn, ...))
 end
 
 -- Waiter MEMBER (id ID, attempt TURN, lease LEASE ms) blocked by KEYS[BLOCKED] queues on
 -- every key of KEYS, or renews its lease (the record's expiry), keeping its place. Its
 -- record names every key, also a single one (two keys' queues may share a name: "job" and
--- "{job}"), the value it stores (VALUE, for TTL ms), the channel it hears its hand-off on
+-- "job{job}"), the value it stores (VALUE, for TTL ms), the channel it hears its hand-off on
 -- (KEYS[LISTEN], else the blocking key's) and MODES (nil: every key exclusive).
 local function queue_up(member, keys, value, ttl, lease, id, turn, listen, blocked, modes)
   local count = #keys
@@ -294,9 +317,10 @@ local function grant(member, record, keys, modes, left, listen, key, notice)
   local px = math.min(tonumber(record.t), left)
   for j = 1, #keys do
     local queue = queue_of(keys[j])
-    redis.call('ZREM', queue, member)
-    local marked = keys[j] == key or redis.call('EXISTS', queue) == 1
-    take(keys[j], modes[j], value, px, marked)
+    -- Counted before the removal: a queue left empty is gone, and on a migrating slot's
+    -- source a key gone is out of reach for the rest of the script.
+    local others = redis.call('ZCARD', queue) - redis.call('ZREM', queue, member)
+    take(keys[j], modes[j], value, px, keys[j] == key or others > 0)
   end
   redis.call('DEL', member)
   if notice ~= '' then
@@ -332,7 +356,7 @@ local function hand_off(key, released, notice, free)
       redis.call('ZREM', queue, member)
     else
       local writes = writes_any(modes)
-      -- Another key's queue may share this one's name ("job" and "{job}"): only a waiter
+      -- Another key's queue may share this one's name ("job" and "job{job}"): only a waiter
       -- for KEY itself may have it.
       local wants = nil
       local behind = false  -- behind another waiter for a key this release frees
@@ -370,15 +394,9 @@ local function hand_off(key, released, notice, free)
   return handed
 end
 
--- Whether a lock that would join KEY's holders in MODE ('s', or 'p<N>' with a permit left)
--- must let a waiter go first: a live waiter in KEY's queue that came before MEMBER (every
--- waiter there, for a lock that is not queued: MEMBER nil) and wants KEY in a mode that
--- cannot share it with MODE.
-local function queue_blocks(key, mode, member)
-  local queue = queue_of(key)
-  if not queue then
-    return false
-  end
+-- Whether a waiter in QUEUE, KEY's queue, that came before MEMBER wants KEY in a mode that
+-- cannot share it with MODE (see queue_blocks).
+local function waits_before(queue, key, mode, member)
   local members = redis.call('ZRANGE', queue, 0, LOOK_AT_MOST - 1)
   for m = 1, #members do
     if members[m] == member then
@@ -392,4 +410,18 @@ local function queue_blocks(key, mode, member)
     end
   end
   return false
+end
+
+-- Whether a lock that would join KEY's holders in MODE ('s', or 'p<N>' with a permit left)
+-- must let a waiter go first: a live waiter in KEY's queue that came before MEMBER (every
+-- waiter there, for a lock that is not queued: MEMBER nil) and wants KEY in a mode that
+-- cannot share it with MODE. A queue out of reach (see settle) shows nobody: the lock goes
+-- ahead as where nobody queues.
+local function queue_blocks(key, mode, member)
+  local queue = queue_of(key)
+  if not queue then
+    return false
+  end
+  local ok, blocks = pcall(waits_before, queue, key, mode, member)
+  return ok and blocks
 end

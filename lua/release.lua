@@ -78,7 +78,7 @@ end
 
 -- A fair waiter that gives up leaves its queues.
 if leaving and queue_of(KEYS[1]) then
-  dequeue(record_of(KEYS, leaving), KEYS)
+  settle(dequeue, record_of(KEYS, leaving), KEYS)
 end
 if ARGV[6] == '1' then
   return 1
@@ -90,11 +90,14 @@ if announce == 'SPUBLISH' and not redis7 then
   announce = 'PUBLISH'
 end
 
--- Hands on, or else announces the release of, each key in `keys` (deleted already).
+-- Hands on, or else announces the release of, each key in `keys` (deleted already). A
+-- hand-off that fails part-way (see settle) announces: the keys are deleted, the release
+-- is done, and its waiters try for themselves.
 local function announce_all(keys)
   for i = 1, #keys do
     -- A single key was just deleted; of several, one may have gone on with another.
-    if not hand_off(keys[i], released, notice, count == 1) then
+    local ok, handed = pcall(hand_off, keys[i], released, notice, count == 1)
+    if not (ok and handed) then
       if announce ~= '' then
         -- A key's release channel is named like the key (a separate namespace), which
         -- keeps it in the key's cluster slot for sharded pub/sub at no cost.

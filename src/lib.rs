@@ -147,7 +147,7 @@ pub use sentinel::{SentinelConfig, SentinelConnection};
 pub use signal::LostSignal;
 #[cfg(feature = "cluster")]
 pub use slots::slot_number;
-pub use slots::{fencing_key_for, release_channel};
+pub use slots::{fencing_key_for, queue_key_for, release_channel};
 #[cfg(feature = "tls")]
 pub use tls::Tls;
 pub use validate::{MAX_KEYS, MAX_TTL};

@@ -197,8 +197,10 @@ impl Options {
     /// lock's): what a release handed it just before stays with its token until it expires.
     ///
     /// Fair waiting needs release events (a client from [`Client::connect`] or
-    /// [`Client::connect_cluster`]) and a single server or a cluster; otherwise waiters
-    /// barge as with `fair(false)`. A Redlock
+    /// [`Client::connect_cluster`]) and a single server or a cluster, and keys that have a
+    /// queue ([`queue_key_for`](crate::queue_key_for): not a key without a hash tag that
+    /// contains a brace); otherwise waiters barge as with `fair(false)`, as does a waiter
+    /// whose queue the server cannot reach (a cluster slot that migrates). A Redlock
     /// quorum always barges: a queue per master could hand the lock to different waiters on
     /// different masters. Barging gives the most throughput to waiters of one client, and
     /// none of the order.

@@ -1,5 +1,5 @@
 //! Names derived from a lock key that stay in the key's Redis Cluster hash slot: the fencing
-//! counter and the release channel. Redis hashes only a key's hash tag when it has one (the
+//! counter, the waiter queue and the release channel. Redis hashes only a key's hash tag when it has one (the
 //! text between the first `{` and the next `}`, when not empty), so a derived name either
 //! keeps the key's tag or makes the whole key its tag.
 
@@ -29,16 +29,40 @@ pub fn fencing_key_for(key: &str) -> Option<String> {
     derived(key, ":fence")
 }
 
-/// Whether `key` has a waiter queue (fair waiting): a name derived from it in its slot, as
-/// `lua/queue.lua` derives it (`key:lockset:queue` or `{key}:lockset:queue`).
+/// Whether `key` has a waiter queue (fair waiting): see [`queue_key_for`].
 pub(crate) fn has_queue(key: &str) -> bool {
-    keeps_tag(key).is_some()
+    queue_key_for(key).is_some()
 }
 
-/// The name of `key`'s waiter queue, as `lua/queue.lua` derives it; `None` for a key without
-/// a queue (see [`has_queue`]).
-pub(crate) fn queue_of(key: &str) -> Option<String> {
-    derived(key, ":lockset:queue")
+/// What every name of a waiter queue or waiter record contains (after the lock key).
+pub(crate) const QUEUE_SUFFIX: &str = ":lockset:queue";
+
+/// The name of `key`'s waiter queue (fair waiting), as `lua/queue.lua` derives it for the
+/// keys of the waiters a release hands on to. It begins with `key`, so that one ACL key
+/// pattern per key prefix (`~pre:*`) covers the queue and the waiter records named after
+/// it (`<queue>:<waiter id>`), and it hashes to `key`'s Redis Cluster slot:
+///
+/// - A key with a hash tag keeps it: `{user42}:cart` → `{user42}:cart:lockset:queue`.
+/// - A key without one becomes the tag, after itself: `orders` →
+///   `orders{orders}:lockset:queue`.
+/// - A key without a hash tag that contains `{` or `}` can do neither (a brace of its own
+///   would end or open the tag): `None`, and its waiters wait without a queue, as with
+///   [`Options::fair(false)`](crate::Options::fair).
+///
+/// ```
+/// use lockset::queue_key_for;
+/// assert_eq!(queue_key_for("{u42}:cart").as_deref(), Some("{u42}:cart:lockset:queue"));
+/// assert_eq!(queue_key_for("orders").as_deref(), Some("orders{orders}:lockset:queue"));
+/// assert_eq!(queue_key_for("odd{key"), None);
+/// ```
+pub fn queue_key_for(key: &str) -> Option<String> {
+    if hash_tag(key).is_some() {
+        Some(format!("{key}{QUEUE_SUFFIX}"))
+    } else if key.contains(['{', '}']) {
+        None
+    } else {
+        Some(format!("{key}{{{key}}}{QUEUE_SUFFIX}"))
+    }
 }
 
 /// How a name derived from `key` stays in `key`'s slot: `Some(true)` by keeping `key`'s own
@@ -128,6 +152,27 @@ mod tests {
         assert_eq!(fencing_key_for("{}x"), None);
     }
 
+    #[test]
+    fn queue_names_begin_with_the_key_and_keep_its_slot() {
+        assert_eq!(
+            queue_key_for("a{b}c").as_deref(),
+            Some("a{b}c:lockset:queue")
+        );
+        assert_eq!(
+            queue_key_for("pre:held").as_deref(),
+            Some("pre:held{pre:held}:lockset:queue")
+        );
+        assert_eq!(
+            hash_tag("pre:held{pre:held}:lockset:queue"),
+            Some("pre:held")
+        );
+        // A brace without a tag would open or end the one the name needs.
+        for key in ["x{open", "odd}key", "{}x", "a}{b"] {
+            assert_eq!(queue_key_for(key), None, "{key}");
+        }
+        assert!(has_queue("job") && has_queue("{job}") && !has_queue("x{open"));
+    }
+
     #[cfg(feature = "cluster")]
     #[test]
     fn keys_with_a_common_tag_share_a_slot() {
@@ -147,6 +192,10 @@ mod tests {
             ]
         );
         assert_eq!(slot_number("foo"), 12_182);
+        for key in ["pre:held", "{user42}:cart", "a{b}c"] {
+            let queue = queue_key_for(key).unwrap();
+            assert_eq!(slot_number(&queue), slot_number(key), "{queue}");
+        }
         assert_eq!(
             slot_number("{user1000}.following"),
             slot_number("{user1000}.followers")

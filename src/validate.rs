@@ -18,8 +18,8 @@ pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
 const SMALL_SET: usize = 16;
 
 /// Checks a key set: not empty, no empty key, no duplicate, at most [`MAX_KEYS`].
-/// What names lockset's waiter queues and records (see `lua/queue.lua`).
-const QUEUE_MARK: &str = ":lockset:queue";
+// What names lockset's waiter queues and records (see `lua/queue.lua`).
+use crate::slots::QUEUE_SUFFIX as QUEUE_MARK;
 
 pub(crate) fn keys(keys: &[String]) -> Result<(), InvalidInput> {
     if keys.is_empty() {

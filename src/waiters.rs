@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, RedisResult, Value};
 
-use crate::slots::queue_of;
+use crate::slots::queue_key_for;
 use crate::value::parse_value;
 
 /// One waiter in a key's queue, as [`read_queue`] found it. Never its token.
@@ -49,7 +49,7 @@ end
 return out";
 
 /// The waiters in `key`'s queue on the server behind `conn`, first come first: empty when
-/// nobody waits, or the key has no queue (a key without a hash tag that contains `}`).
+/// nobody waits, or the key has no queue (see [`queue_key_for`](crate::queue_key_for)).
 ///
 /// See the guide: [observing](crate::guide::observing).
 ///
@@ -73,7 +73,7 @@ pub async fn read_queue<C: ConnectionLike>(
     conn: &mut C,
     key: &str,
 ) -> RedisResult<Vec<QueuedWaiter>> {
-    let Some(queue) = queue_of(key) else {
+    let Some(queue) = queue_key_for(key) else {
         return Ok(Vec::new());
     };
     let reply: Value = redis::cmd("EVAL")

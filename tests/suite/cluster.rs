@@ -492,7 +492,7 @@ async fn modes_on_a_cluster() {
         });
         let owner = cluster.owner_of(cluster.keyslot(&doc));
         // A fair writer queues (a barging one would mark the key with "=x").
-        let queue = format!("{doc}:lockset:queue");
+        let queue = lockset::queue_key_for(&doc).unwrap();
         support::eventually(ms(10_000), "the writer queued", async || {
             cluster.cli(owner, &["ZCARD", &queue]).trim() == "1"
         })
@@ -520,10 +520,7 @@ async fn fair_waiters_on_a_cluster_get_the_lock_in_arrival_order() {
     // notice live in each key's slot.
     for key in ["{a}:job", "{b}:job", "job"] {
         let owner = cluster.owner_of(cluster.keyslot(key));
-        let queue = match key {
-            "job" => "{job}:lockset:queue".to_owned(),
-            _ => format!("{key}:lockset:queue"),
-        };
+        let queue = lockset::queue_key_for(key).unwrap();
         let held = holder
             .obtain(key, ms(60_000), &Options::default())
             .await
@@ -554,4 +551,181 @@ async fn fair_waiters_on_a_cluster_get_the_lock_in_arrival_order() {
         assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3], "{key}");
         assert_eq!(cluster.cli(owner, &["EXISTS", &queue]).trim(), "0");
     }
+}
+
+/// A slot in migration, one of its keys moved already, the lock key still on the source: a
+/// fair waiter (the default) waits as on a stable slot and ends "not obtained" at its
+/// deadline; the holder's release of the key a waiter queued for before the migration
+/// reports success, and that waiter has the key soon after (handed, or woken and obtaining
+/// it on the target by ASK), without a waiter's mark; its release succeeds too. Before, the
+/// fair waiter failed at once with "Script attempted to access a non local key" (its queue
+/// and record are not on the source) and left its mark, and the release failed after
+/// deleting the key (its hand-off touched the key it had just deleted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_and_releases_work_while_their_slot_is_migrating() {
+    handed_on_while_migrating("{fmig}:held", lockset::Mode::Exclusive).await;
+}
+
+/// The same with a reader's release (`modes.lua`) and a writer waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readers_release_hands_on_while_its_slot_is_migrating() {
+    handed_on_while_migrating("{fmig}:doc", lockset::Mode::Shared).await;
+}
+
+async fn handed_on_while_migrating(key: &'static str, held_as: lockset::Mode) {
+    let cluster = Cluster::start();
+    let holder = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let other = "{fmig}:other";
+    let slot = cluster.keyslot(key);
+    let from = cluster.owner_of(slot);
+    let to = (from + 1) % 3;
+    let lock = holder
+        .obtain((key, held_as), ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    // A waiter queued while the slot is stable.
+    let early = tokio::spawn({
+        let waiting = waiting.clone();
+        async move { waiting.obtain(key, ms(30_000), &slow_polling()).await }
+    });
+    let queue = lockset::queue_key_for(key).unwrap();
+    support::eventually(ms(10_000), "the early waiter queued", async || {
+        cluster.cli(from, &["ZCARD", &queue]).trim() == "1"
+    })
+    .await;
+    cluster.cli(from, &["SET", other, "x"]);
+    cluster.begin_migration(slot, from, to);
+    cluster.move_keys(from, to, &[other]);
+
+    let started = tokio::time::Instant::now();
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(1_000));
+    let err = waiting.obtain(key, ms(10_000), &options).await.unwrap_err();
+    let took = started.elapsed();
+    // As on a stable slot: not obtained at the deadline, or, on a machine so loaded that an
+    // attempt is still on its way then, an unknown outcome; never the script's error.
+    assert!(
+        err.is_deadline_exceeded() || matches!(err, Error::UnknownOutcome(_)),
+        "{err:?}"
+    );
+    assert!(took >= ms(1_000) && took < ms(3_000), "{took:?}");
+
+    let released = tokio::time::Instant::now();
+    lock.release().await.unwrap();
+    let theirs = tokio::time::timeout(Duration::from_secs(10), early)
+        .await
+        .expect("never woken")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(
+        took < WOKEN_WITHIN,
+        "the early waiter had the key after {took:?}"
+    );
+    assert!(theirs.ttl().await.unwrap().unwrap() > ms(20_000));
+    let value = importing_value(&cluster, to, key).expect("the key on the target");
+    assert!(value.contains(theirs.token()), "{value}");
+    assert!(!value.starts_with('!'), "a waiter's mark stayed: {value}");
+    theirs.release().await.unwrap();
+    // What the waiters left on the source (a record until its lease ends) goes along.
+    let left = cluster.cli(
+        from,
+        &["CLUSTER", "GETKEYSINSLOT", &slot.to_string(), "100"],
+    );
+    let left: Vec<&str> = left.lines().filter(|k| !k.is_empty()).collect();
+    if !left.is_empty() {
+        cluster.move_keys(from, to, &left);
+    }
+    cluster.end_migration(slot, to);
+    assert_eq!(cluster.cli(to, &["EXISTS", key]).trim(), "0");
+}
+
+/// `key`'s value on node `node`, which imports its slot (asked with ASKING).
+fn importing_value(cluster: &Cluster, node: usize, key: &str) -> Option<String> {
+    let client = lockset::redis::Client::open(cluster.nodes[node].url()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let ((), value): ((), Option<String>) = lockset::redis::pipe()
+        .cmd("ASKING")
+        .cmd("GET")
+        .arg(key)
+        .query(&mut conn)
+        .unwrap();
+    value
+}
+
+/// A reader joins a key that readers hold while its slot migrates (the key still on the
+/// source, no queue there): the obtain looks for queued writers it must let go first, which
+/// it cannot read on the source, and takes the key as on a stable slot where nobody queues.
+/// Before, it failed with "Script attempted to access a non local key" (`queue_blocks`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_join_while_their_slot_is_migrating() {
+    use lockset::Mode;
+    let cluster = Cluster::start();
+    let client = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let (key, other) = ("{rmig}:doc", "{rmig}:other");
+    let slot = cluster.keyslot(key);
+    let from = cluster.owner_of(slot);
+    let to = (from + 1) % 3;
+    let first = client
+        .obtain((key, Mode::Shared), ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    cluster.cli(from, &["SET", other, "x"]);
+    cluster.begin_migration(slot, from, to);
+    cluster.move_keys(from, to, &[other]);
+    let options = Options::default().timeout(ms(2_000));
+    let started = tokio::time::Instant::now();
+    let second = client
+        .obtain((key, Mode::Shared), ms(60_000), &options)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < ms(1_000), "{:?}", started.elapsed());
+    second.release().await.unwrap();
+    first.release().await.unwrap();
+    cluster.end_migration(slot, to);
+}
+
+/// A barging writer waits for a reader (its mark stays in the key's set); the reader leaves
+/// while the slot migrates: the writer, told of the release, takes the key over the set
+/// that only its mark keeps alive, as on a stable slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_barging_writer_takes_over_a_readers_set_while_its_slot_is_migrating() {
+    use lockset::Mode;
+    let cluster = Cluster::start();
+    let holder = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let waiting = Client::connect_cluster(cluster.urls()).await.unwrap();
+    let (key, other) = ("{wmig}:doc", "{wmig}:other");
+    let slot = cluster.keyslot(key);
+    let from = cluster.owner_of(slot);
+    let to = (from + 1) % 3;
+    let reader = holder
+        .obtain((key, Mode::Shared), ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    let writer = tokio::spawn({
+        let waiting = waiting.clone();
+        async move {
+            let options = slow_polling().fair(false);
+            waiting.obtain(key, ms(30_000), &options).await
+        }
+    });
+    support::eventually(ms(10_000), "the writer marked the set", async || {
+        cluster.cli(from, &["ZSCORE", key, "=x"]).trim() != ""
+    })
+    .await;
+    cluster.cli(from, &["SET", other, "x"]);
+    cluster.begin_migration(slot, from, to);
+    cluster.move_keys(from, to, &[other]);
+    let released = tokio::time::Instant::now();
+    reader.release().await.unwrap();
+    let lock = tokio::time::timeout(Duration::from_secs(10), writer)
+        .await
+        .expect("never woken")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(took < WOKEN_WITHIN, "the writer had the key after {took:?}");
+    lock.release().await.unwrap();
 }

@@ -579,7 +579,7 @@ async fn waiters_blocked_before_a_failover_are_woken_by_releases_after_it() {
     support::eventually(ms(10_000), "two queued waiters", async || {
         let queued: i64 = raw(&failover, 0)
             .await
-            .zcard("{busy}:lockset:queue")
+            .zcard("busy{busy}:lockset:queue")
             .await
             .unwrap();
         queued == 2

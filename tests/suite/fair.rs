@@ -147,7 +147,9 @@ async fn a_waiter_whose_lease_lapsed_leaves_the_queue_when_it_wins() {
         .timeout(ms(60_000));
     let waiter = wait_for(&other, "job", options);
     queued_up_to(&env, "job", 1).await;
-    let member: Vec<String> = env.cmd(&["ZRANGE", "{job}:lockset:queue", "0", "0"]).await;
+    let member: Vec<String> = env
+        .cmd(&["ZRANGE", "job{job}:lockset:queue", "0", "0"])
+        .await;
     // Both at once: no renewal of the record comes between.
     let _: () = env
         .cmd(&[
@@ -308,14 +310,14 @@ async fn nested_obtains_do_not_deadlock_with_a_waiter_for_both_keys() {
     lock.release().await.unwrap();
 }
 
-/// "job" and "{job}" have queues of one name; a release of one goes to a waiter for it.
+/// "job" and "job{job}" have queues of one name; a release of one goes to a waiter for it.
 #[tokio::test]
 async fn a_key_and_its_braced_twin_are_handed_to_their_own_waiters() {
     let env = Env::start().await;
     let plain = hold(&env, "job").await;
-    let braced = hold(&env, "{job}").await;
+    let braced = hold(&env, "job{job}").await;
     let (c1, c2) = (env.other_client().await, env.other_client().await);
-    let for_braced = wait_for_keys(&c1, vec!["{job}"], slow_polling().metadata("braced"));
+    let for_braced = wait_for_keys(&c1, vec!["job{job}"], slow_polling().metadata("braced"));
     queued_up_to(&env, "job", 1).await;
     let for_plain = wait_for_keys(&c2, vec!["job"], slow_polling().metadata("plain"));
     queued_up_to(&env, "job", 2).await;
@@ -327,7 +329,7 @@ async fn a_key_and_its_braced_twin_are_handed_to_their_own_waiters() {
     let lock = handed(
         HANDED_WITHIN,
         for_braced,
-        "handed to the waiter for \"{job}\"",
+        "handed to the waiter for \"job{job}\"",
     )
     .await;
     assert_eq!(lock.metadata(), "braced");
@@ -394,7 +396,7 @@ async fn a_waiter_that_started_over_hears_its_hand_off() {
         slow_polling().waiter_lease(ms(9_000)).metadata("W"),
     );
     queued_up_to(&env, "job", 1).await;
-    let queue = "{job}:lockset:queue";
+    let queue = "job{job}:lockset:queue";
     let before: Vec<String> = env.cmd(&["ZRANGE", queue, "0", "-1"]).await;
     proxy.lose_next_reply();
     eventually(ms(10_000), "queued again under a new id", async || {

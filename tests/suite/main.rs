@@ -31,6 +31,7 @@ mod multi_key;
 mod native;
 mod redlock;
 mod reply_lost;
+mod restricted;
 mod retry_and_deadline;
 mod status;
 mod tls;

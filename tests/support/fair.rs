@@ -64,10 +64,7 @@ pub fn wait_for_keys(
 
 /// How many waiters are in `key`'s queue.
 pub async fn queued(env: &Env, key: &str) -> i64 {
-    let queue = match key.find('{') {
-        Some(_) => format!("{key}:lockset:queue"),
-        None => format!("{{{key}}}:lockset:queue"),
-    };
+    let queue = lockset::queue_key_for(key).expect("a key with a queue");
     env.cmd(&["ZCARD", &queue]).await
 }
 

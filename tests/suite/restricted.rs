@@ -1,0 +1,162 @@
+//! A user whose ACL allows only the keys under one prefix (`~pre:*`, and every channel), as
+//! the guide's servers chapter documents: every name lockset derives from a lock key (waiter
+//! queue, waiter records) begins with that key, so the one pattern covers them. The core
+//! operations as that user: obtain (one key, several, shared), wait fairly and be handed the
+//! lock, give up waiting, refresh, ask the TTL, release.
+
+use crate::support;
+
+use std::time::Duration;
+
+use lockset::redis::aio::ConnectionManager;
+use lockset::{Client, Mode, Options, Retry};
+use support::{RedisServer, ms};
+use tokio::time::Instant;
+
+/// How soon a queued waiter must have the lock after the release: only the hand-off can
+/// give it in time (it polls every 20 s).
+const HANDED_WITHIN: Duration = Duration::from_millis(1_500);
+
+/// Starts a server with the user `locker` limited to keys `pre:*`, and two clients logged
+/// in as that user.
+async fn restricted() -> (
+    RedisServer,
+    Client<ConnectionManager>,
+    Client<ConnectionManager>,
+) {
+    let server = RedisServer::start();
+    let user = [
+        "ACL", "SETUSER", "locker", "on", ">pw", "~pre:*", "&*", "+@all",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let holder = Client::connect(&url).await.unwrap();
+    let waiter = Client::connect(&url).await.unwrap();
+    (server, holder, waiter)
+}
+
+/// How many waiters are in `key`'s queue, read as the default user.
+async fn queued(server: &RedisServer, key: &str) -> usize {
+    let mut conn = support::connect(server).await;
+    lockset::read_queue(&mut conn, key).await.unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_limited_to_a_key_prefix_waits_fairly_and_is_handed_the_lock() {
+    let (server, holder, waiter) = restricted().await;
+    let slow_polling = Options::default()
+        .retry(Retry::linear(ms(20_000)))
+        .timeout(ms(30_000));
+    // A key without a hash tag, and two keys that share one.
+    for keys in [vec!["pre:held"], vec!["pre:{t}:a", "pre:{t}:b"]] {
+        let lock = holder
+            .obtain_multi(keys.clone(), ms(30_000), &Options::default())
+            .await
+            .unwrap();
+        lock.refresh(ms(30_000), &Options::default()).await.unwrap();
+        assert!(lock.ttl().await.unwrap().unwrap() > ms(20_000));
+
+        let waiting = tokio::spawn({
+            let (waiter, keys, options) = (waiter.clone(), keys.clone(), slow_polling.clone());
+            async move { waiter.obtain_multi(keys, ms(10_000), &options).await }
+        });
+        support::eventually(ms(10_000), "the waiter queues", async || {
+            queued(&server, keys[0]).await == 1
+        })
+        .await;
+        let released = Instant::now();
+        lock.release().await.unwrap();
+        let theirs = waiting.await.unwrap().expect("handed the lock");
+        let took = released.elapsed();
+        assert!(took < HANDED_WITHIN, "{keys:?}: handed after {took:?}");
+        theirs
+            .refresh(ms(10_000), &Options::default())
+            .await
+            .unwrap();
+        theirs.release().await.unwrap();
+        assert_eq!(queued(&server, keys[0]).await, 0);
+    }
+    assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_limited_to_a_key_prefix_gives_up_waiting_and_shares() {
+    let (server, holder, waiter) = restricted().await;
+    let lock = holder
+        .obtain("pre:held", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    // A fair waiter whose deadline passes: "not obtained", when due, and out of the queue.
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(500));
+    let started = Instant::now();
+    let err = waiter
+        .obtain("pre:held", ms(10_000), &options)
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_deadline_exceeded(), "{err:?}");
+    assert!(took >= ms(500) && took < ms(2_000), "{took:?}");
+    support::eventually(ms(5_000), "the waiter leaves the queue", async || {
+        queued(&server, "pre:held").await == 0
+    })
+    .await;
+    lock.release().await.unwrap();
+
+    // Readers share a key.
+    let readers = [
+        holder
+            .obtain(("pre:read", Mode::Shared), ms(10_000), &Options::default())
+            .await
+            .unwrap(),
+        waiter
+            .obtain(("pre:read", Mode::Shared), ms(10_000), &Options::default())
+            .await
+            .unwrap(),
+    ];
+    for reader in readers {
+        reader
+            .refresh(ms(10_000), &Options::default())
+            .await
+            .unwrap();
+        reader.release().await.unwrap();
+    }
+    assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
+}
+
+/// A waiter of another user queues for a key of the restricted user's together with a key
+/// outside its pattern: the restricted user's release cannot hand that key on (the server
+/// refuses its script the key), but it has deleted its own: it reports success and
+/// announces the release, and the waiter obtains both keys itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_succeeds_when_its_hand_off_needs_a_key_outside_the_users_pattern() {
+    let (server, holder, _) = restricted().await;
+    let admin = Client::connect(&server.url()).await.unwrap();
+    let lock = holder
+        .obtain("pre:{t}:a", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let admin = admin.clone();
+        let options = Options::default()
+            .retry(Retry::linear(ms(20_000)))
+            .timeout(ms(30_000));
+        async move {
+            admin
+                .obtain_multi(["pre:{t}:a", "other:{t}:b"], ms(10_000), &options)
+                .await
+        }
+    });
+    support::eventually(ms(10_000), "the waiter queues", async || {
+        queued(&server, "pre:{t}:a").await == 1
+    })
+    .await;
+    let released = Instant::now();
+    lock.release().await.unwrap();
+    let theirs = waiting.await.unwrap().expect("woken by the release");
+    let took = released.elapsed();
+    assert!(took < HANDED_WITHIN, "had the keys after {took:?}");
+    theirs.release().await.unwrap();
+    assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
+}
