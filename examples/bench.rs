@@ -71,7 +71,17 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
+/// Paired rounds per workload; `BENCH_PAIRS` sets another number (the CI guard runs few).
 const ROUNDS: usize = 21;
+
+/// How many paired rounds each workload runs.
+fn rounds() -> usize {
+    std::env::var("BENCH_PAIRS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(ROUNDS)
+}
 const ROUND: Duration = Duration::from_millis(500);
 /// Tasks contending in W2.
 const CONTENDERS: usize = 8;
@@ -1044,7 +1054,7 @@ async fn main() {
     // Per workload, the lockset/raw throughput ratio of each pair of back-to-back rounds.
     let mut round_ratios: BTreeMap<Workload, Vec<f64>> = BTreeMap::new();
     for pass in passes(&workloads) {
-        for round in 0..ROUNDS {
+        for round in 0..rounds() {
             for workload in &pass {
                 bench.pause_for(workload).await;
                 let mut rates = [0.0; 2];

@@ -29,7 +29,8 @@
 //! `WAIT`; on a cluster every 5 s), where the count may only grow, and after a write fell
 //! short, where it may shrink, but only once the sentinels confirm that the primary is still
 //! theirs at the same epoch and none of the replicas it lost says it is a primary (a
-//! promotion under way also makes the old primary's replicas fewer).
+//! promotion under way also makes the old primary's replicas fewer). Behind Sentinel it
+//! never goes below the replicas the sentinels could promote ([`Replicated::follow`]).
 //!
 //! `WAIT` is not consensus: a replica that did not acknowledge can still be promoted (when
 //! the ones that did are down too), and then the lock is lost as without it.
@@ -101,6 +102,11 @@ impl Replication {
     /// promotion under way takes a replica from the old primary too). So a replica that died
     /// stops locks for a few seconds, not for good, and after a failover the new primary's
     /// replicas count. Each replicated write then also reads `INFO replication`.
+    ///
+    /// Behind Sentinel, the count is never below the replicas the sentinels could promote
+    /// (not flagged down, answering them): during a planned failover the old primary lists
+    /// one replica fewer (the one being promoted) and would otherwise count a write that
+    /// replica never saw; each new lookup of the primary starts the count again from them.
     #[must_use]
     pub fn all() -> Self {
         Self {
