@@ -12,10 +12,13 @@ const AFTER_HELP: &str = "\
 Exit status:
   0      success (run: the command exited 0)
   1-125  run: the command's own exit status
-  64     bad usage or input, --redis and --sentinel URLs included, an unknown --master,
-         more --replicas than the primary has (nothing was locked)
+  64     bad usage or input, --redis and --sentinel URLs included, an unknown --master
+         (nothing was locked)
   65     a key holds a value that is not a string (a list, a hash, ...)
-  69     Redis unreachable, or it failed (also: too few replicas acknowledged in time)
+  69     Redis unreachable, or it failed; too few replicas connected or acknowledging;
+         behind Sentinel, no majority of the sentinels names a primary, or a restarted
+         primary grants no lock yet (with --wait, all of these are tried again until it
+         ends)
   70     the lock was lost (run: while the command ran or was stopped; refresh/release:
          it is not ours)
   71     a local system error (cannot catch signals, wait for the command, or print;
