@@ -135,7 +135,7 @@ impl Client<ConnectionManager> {
     /// Connects to `url` (e.g. `redis://127.0.0.1:6379/`, or `redis://USER:PASSWORD@HOST/`)
     /// with a [`ConnectionManager`] and redis-rs's default timeouts, with release events on
     /// (see [`Client::with_release_events`]). With the `tls` feature, a `rediss://` URL
-    /// connects over TLS, trusting the system's roots (see [`Client::connect_with_tls`] for
+    /// connects over TLS, trusting the system's roots (see `Client::connect_with_tls`, feature `tls`, for
     /// others).
     ///
     /// See the guide: [getting started](crate::guide::getting_started).

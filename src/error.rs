@@ -48,7 +48,7 @@ pub enum Error {
         key: String,
     },
 
-    /// A call of the blocking API ([`blocking`](crate::blocking), feature `blocking`) from
+    /// A call of the blocking API (`lockset::blocking`, feature `blocking`) from
     /// inside an async runtime (a task, `block_on`, or a `spawn_blocking` thread), where it
     /// would block the runtime's thread or panic: use the async [`Client`](crate::Client)
     /// there. Nothing was sent.
@@ -535,7 +535,7 @@ pub enum InvalidInput {
     #[error("invalid input: the server has no WAITAOF (Redis 7.2 or Valkey needed)")]
     NoWaitAof,
     /// TLS settings that cannot work: a certificate or key file that cannot be read, or
-    /// holds no certificate or key (see [`Tls`](crate::Tls), feature `tls`).
+    /// holds no certificate or key (see `Tls`, feature `tls`).
     #[error("invalid input: TLS: {reason}")]
     Tls {
         /// What is wrong, naming the file.

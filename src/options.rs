@@ -197,7 +197,7 @@ impl Options {
     /// lock's): what a release handed it just before stays with its token until it expires.
     ///
     /// Fair waiting needs release events (a client from [`Client::connect`] or
-    /// [`Client::connect_cluster`]) and a single server or a cluster, and keys that have a
+    /// `Client::connect_cluster`, feature `cluster`) and a single server or a cluster, and keys that have a
     /// queue ([`queue_key_for`](crate::queue_key_for): not a key without a hash tag that
     /// contains a brace); otherwise waiters barge as with `fair(false)`, as does a waiter
     /// whose queue the server cannot reach (a cluster slot that migrates). A Redlock
@@ -206,7 +206,6 @@ impl Options {
     /// none of the order.
     ///
     /// [`Client::connect`]: crate::Client::connect
-    /// [`Client::connect_cluster`]: crate::Client::connect_cluster
     #[must_use]
     pub fn fair(mut self, fair: bool) -> Self {
         self.barging = !fair;
