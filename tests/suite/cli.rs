@@ -1872,3 +1872,12 @@ fn sentinel_login_and_address_mistakes_say_what_they_are() {
     assert_ne!(out.code, Some(0), "{out:?}");
     assert!(out.stderr.contains("not a sentinel"), "{out:?}");
 }
+
+/// `lockset run job echo hi` reads every word as a key: the usage error says where the
+/// command goes.
+#[test]
+fn a_run_without_the_double_dash_is_told_where_the_command_goes() {
+    let out = finish(lockset(&[]).args(["run", "job3", "echo", "hi"]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(out.stderr.contains("put the command after `--`"), "{out:?}");
+}

@@ -266,10 +266,21 @@ fn listen() -> Result<Signals, Failure> {
 /// Prints clap's message; help and version exit 0, errors exit 64 (EX_USAGE, not clap's 2).
 fn usage(err: &clap::Error) -> u8 {
     let _ = err.print();
+    if missing_command(err) {
+        // `lockset run job echo hi` reads every word as a key.
+        eprintln!(
+            "\ntip: put the command after `--`: lockset run KEY... -- COMMAND [ARG]..."
+        );
+    }
     match err.use_stderr() {
         true => USAGE,
         false => 0,
     }
+}
+
+/// Whether `err` says that `run` was given no command.
+fn missing_command(err: &clap::Error) -> bool {
+    err.kind() == ErrorKind::MissingRequiredArgument && err.to_string().contains("<COMMAND>")
 }
 
 /// Prints `message` as clap does, with the usage of the subcommand `name`, and returns 64.

@@ -27,13 +27,14 @@ impl Ui {
         }
     }
 
-    /// Sends `tracing` logs to stderr: warnings by default (the library's, such as a failed
-    /// watchdog refresh), info with `-v`, debug with `-vv`, trace with `-vvv`; errors only
-    /// with `-q`. Other crates' logs stay at warnings until `-vvv`.
+    /// Sends `tracing` logs to stderr: errors only by default (what happened is said by
+    /// `lockset`'s own lines, such as "the lock was lost"; a log line with a timestamp beside
+    /// them only repeats it), warnings and info with `-v` (a failed watchdog refresh, a
+    /// sentinel that disagrees), debug with `-vv`, trace with `-vvv`. Other crates' logs stay
+    /// at warnings until `-vvv`.
     pub(crate) fn init_logs(self) {
         let level = match (self.quiet, self.verbose) {
-            (true, _) => LevelFilter::ERROR,
-            (false, 0) => LevelFilter::WARN,
+            (true, _) | (false, 0) => LevelFilter::ERROR,
             (false, 1) => LevelFilter::INFO,
             (false, 2) => LevelFilter::DEBUG,
             (false, _) => LevelFilter::TRACE,
