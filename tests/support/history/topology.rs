@@ -12,6 +12,7 @@ use rand::{RngExt as _, SeedableRng as _};
 use super::Setup;
 use super::deployment::Deployment;
 use super::faults::{Plan, Restart, Servers, Targets};
+use super::workload::MAX_TTL;
 use crate::support::proxy::Proxy;
 use crate::support::sentinel::{Failover, MASTER};
 use crate::support::{RedisServer, ms};
@@ -142,7 +143,7 @@ pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
     if restart == Restart::Immediate {
         // Restarts often, so that a majority can forget a lock within one TTL.
         plan.gap_ms = (10, 120);
-        plan.weights = [15, 60, 5, 5, 5, 5, 0, 0, 0];
+        plan.weights = [15, 60, 5, 5, 5, 5, 0, 0, 0, 0];
     }
     Setup {
         name: name.to_owned(),
@@ -228,6 +229,9 @@ fn tags_per_master(cluster: &crate::support::cluster::Cluster) -> Vec<String> {
 /// A primary with two replicas behind three sentinels, each sentinel behind a proxy. Every
 /// client follows the primary with a `Client::connect_sentinel` of its own, reaching each
 /// sentinel directly or through its proxy, and counts a write once `replication` is met.
+/// Since TTLs differ from lock to lock, a primary restarted empty grants nothing until the
+/// longest has passed since its start (`SentinelConfig::restart_grace`, as the guide says
+/// such deployments need).
 pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConnection> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5E47);
     let failover = Failover::start(2).await;
@@ -246,7 +250,9 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
                 false => sentinel.url(),
             })
             .collect();
-        let config = SentinelConfig::new(sentinels, MASTER).expect("sentinel config");
+        let config = SentinelConfig::new(sentinels, MASTER)
+            .expect("sentinel config")
+            .restart_grace(MAX_TTL);
         // Default time limits, or short ones (the reply's above the replicas' wait).
         let (replication, config) = match rng.random_range(0..3) {
             0 => (replication, config),
@@ -271,7 +277,7 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
     if replication.replicas_needed() == Some(0) {
         // Promotions (also of a replica behind a cut-off primary) and pauses long enough
         // for a failover lose writes the old primary took: those the checker must see.
-        plan.weights = [10, 5, 5, 5, 5, 5, 0, 50, 30];
+        plan.weights = [10, 5, 5, 5, 5, 5, 0, 50, 30, 5];
     }
     Setup {
         name,
