@@ -121,7 +121,8 @@ async fn cluster_history_is_safe() {
 /// A primary and two replicas behind three sentinels, with the primary killed, paused,
 /// promoted away from on purpose, cut off from its replicas and restarted empty before the
 /// sentinels notice, and every write acknowledged by every replica the sentinels could
-/// promote (the default). (With one replica of two, a promotion on purpose loses locks:
+/// promote (the default); some locks are taken by clients made for that one lock, as
+/// `lockset run` makes them. (With one replica of two, a promotion on purpose loses locks:
 /// see `a_manual_failover_keeps_every_replicated_lock` in `tests/suite/failover.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]

@@ -8,6 +8,7 @@ pub mod record;
 pub mod topology;
 pub mod workload;
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,11 +23,18 @@ use workload::{MAX_LEASE, MAX_TTL, Worker};
 /// Resident memory may grow this much between the warm-up and the end of a run.
 pub const RSS_GROWTH_LIMIT_KIB: u64 = 48 * 1024;
 
+/// Makes a client for one operation, as a short-lived process (`lockset run`) makes one.
+pub type Connect<C> =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = lockset::Result<Client<C>>> + Send>> + Send + Sync>;
+
 /// A topology ready to run: its clients (one per simulated process), its keys, and what
 /// faults can act on.
 pub struct Setup<C> {
     pub name: String,
     pub clients: Vec<Client<C>>,
+    /// One per client, in a topology whose clients also lock through clients made for one
+    /// operation (empty in the others): how that client makes one.
+    pub fresh: Vec<Connect<C>>,
     /// Groups of keys; one lock takes its keys from one group.
     pub pool: Vec<Vec<String>>,
     pub fencing: bool,
@@ -107,7 +115,7 @@ where
         .map(|(id, client)| {
             let worker = Worker::new(
                 id,
-                client.clone(),
+                (client.clone(), setup.fresh.get(id).cloned()),
                 seed,
                 pool.clone(),
                 history.clone(),
@@ -210,7 +218,8 @@ fn summary(
         .map_or("none".to_owned(), |gap| format!("{gap:?}"));
     format!(
         "history {}: seed {}, {:.1} of {:.0} s, {clients} clients: {} operations ({} obtains, {} \
-         cancelled, {} errors), {} beliefs, {} faults ({} failovers), max overlap slack {slack} (closest gap \
+         cancelled, {} errors; {} clients made for one operation, {} of them failed to \
+         connect), {} beliefs, {} faults ({} failovers), max overlap slack {slack} (closest gap \
          between owners of one key), {} deadlines missed ({} without a fault), {} violations, at most {} \
          beliefs kept, RSS {} -> {} KiB",
         history.name,
@@ -221,6 +230,8 @@ fn summary(
         stats.obtains,
         stats.cancelled,
         stats.errors,
+        stats.fresh_clients,
+        stats.fresh_connects_failed,
         stats.beliefs,
         stats.faults,
         stats.failovers,

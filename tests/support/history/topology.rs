@@ -9,10 +9,10 @@ use lockset::{Client, QuorumConfig, Replication, SentinelConfig, SentinelConnect
 use rand::rngs::SmallRng;
 use rand::{RngExt as _, SeedableRng as _};
 
-use super::Setup;
 use super::deployment::Deployment;
 use super::faults::{Plan, Restart, Servers, Targets};
 use super::workload::MAX_TTL;
+use super::{Connect, Setup};
 use crate::support::proxy::Proxy;
 use crate::support::sentinel::{Failover, MASTER};
 use crate::support::{RedisServer, ms};
@@ -100,6 +100,7 @@ pub async fn single(seed: u64) -> Setup<ConnectionManager> {
     Setup {
         name: "single server".to_owned(),
         clients,
+        fresh: Vec::new(),
         pool: plain_pool(),
         fencing: true,
         plan: Plan::mixed(1, proxies.len(), Restart::Delayed, Vec::new()),
@@ -148,6 +149,7 @@ pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
     Setup {
         name: name.to_owned(),
         clients,
+        fresh: Vec::new(),
         pool: plain_pool(),
         // Redlock refuses fencing tokens.
         fencing: false,
@@ -202,6 +204,7 @@ pub async fn cluster(seed: u64) -> Setup<lockset::redis::cluster_async::ClusterC
     Setup {
         name: "cluster".to_owned(),
         clients,
+        fresh: Vec::new(),
         pool,
         fencing: true,
         plan: Plan::mixed(cluster.nodes.len(), 0, Restart::Never, slots),
@@ -228,10 +231,11 @@ fn tags_per_master(cluster: &crate::support::cluster::Cluster) -> Vec<String> {
 
 /// A primary with two replicas behind three sentinels, each sentinel behind a proxy. Every
 /// client follows the primary with a `Client::connect_sentinel` of its own, reaching each
-/// sentinel directly or through its proxy, and counts a write once `replication` is met.
-/// Since TTLs differ from lock to lock, a primary restarted empty grants nothing until the
-/// longest has passed since its start (`SentinelConfig::restart_grace`, as the guide says
-/// such deployments need).
+/// sentinel directly or through its proxy, and counts a write once `replication` is met;
+/// some of its scenarios go through a client it makes for that one scenario with the same
+/// configuration, as `lockset run` does. Since TTLs differ from lock to lock, a primary
+/// restarted empty grants nothing until the longest has passed since its start
+/// (`SentinelConfig::restart_grace`, as the guide says such deployments need).
 pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConnection> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5E47);
     let failover = Failover::start(2).await;
@@ -240,6 +244,7 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
         proxies.push(Arc::new(Proxy::start(sentinel.port()).await));
     }
     let mut clients = Vec::new();
+    let mut fresh: Vec<Connect<SentinelConnection>> = Vec::new();
     for _ in 0..client_count(&mut rng) {
         let sentinels: Vec<String> = failover
             .sentinels
@@ -266,7 +271,14 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
             ),
         };
         let config = config.replication(replication);
-        clients.push(Client::connect_sentinel(config).await.expect("connect"));
+        clients.push(
+            Client::connect_sentinel(config.clone())
+                .await
+                .expect("connect"),
+        );
+        fresh.push(Arc::new(move || {
+            Box::pin(Client::connect_sentinel(config.clone()))
+        }));
     }
     let name = match replication.replicas_needed() {
         Some(0) => "Sentinel without replication".to_owned(),
@@ -282,6 +294,7 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
     Setup {
         name,
         clients,
+        fresh,
         pool: plain_pool(),
         fencing: true,
         plan,
