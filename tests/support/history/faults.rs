@@ -82,7 +82,7 @@ impl Plan {
     pub fn failover(proxies: usize) -> Self {
         Self {
             failovers: true,
-            weights: [15, 20, 10, 10, 10, 10, 0, 25, 20, 15],
+            weights: [15, 20, 10, 10, 10, 10, 0, 25, 20, 25],
             ..Self::mixed(3, proxies, Restart::AsReplica, Vec::new())
         }
     }

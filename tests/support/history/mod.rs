@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use faults::{Plan, Targets};
 use record::{History, Stats};
-use workload::{MAX_LEASE, MAX_TTL, Worker};
+use workload::{MAX_FRESH_TTL, MAX_LEASE, MAX_TTL, Worker};
 
 /// Resident memory may grow this much between the warm-up and the end of a run.
 pub const RSS_GROWTH_LIMIT_KIB: u64 = 48 * 1024;
@@ -90,6 +90,7 @@ where
 {
     let keep_going = std::env::var_os("LOCKSET_HISTORY_KEEP_GOING").is_some();
     let history = History::new(&setup.name, seed, keep_going);
+    let longest_ttl = longest_ttl(&setup);
     let until = Instant::now() + length;
     let schedule = faults::schedule(seed, &setup.plan, length);
     // Servers down from the start are down before any client speaks.
@@ -143,7 +144,7 @@ where
     // A run that a violation stopped is judged by it alone: its clean-up is not waited for.
     let (background, leftovers) = match history.stopped() {
         true => (0, Vec::new()),
-        false => clean_up(&setup.clients, &setup.targets).await,
+        false => clean_up(&setup.clients, &setup.targets, longest_ttl).await,
     };
     let stats = history.stats();
     let summary = summary(
@@ -163,15 +164,27 @@ where
     }
 }
 
-/// Waits until the clients' background tasks ended and every key had its time to expire;
-/// returns how many tasks were left then, and the keys left on the servers.
-async fn clean_up<C>(clients: &[Client<C>], targets: &Targets) -> (usize, Vec<String>)
+/// The longest TTL any operation of `setup` asks for.
+fn longest_ttl<C>(setup: &Setup<C>) -> Duration {
+    match setup.fresh.is_empty() {
+        true => MAX_TTL,
+        false => MAX_FRESH_TTL,
+    }
+}
+
+/// Waits until the clients' background tasks ended and every key had its time to expire
+/// (`longest_ttl`); returns how many tasks were left then, and the keys left on the servers.
+async fn clean_up<C>(
+    clients: &[Client<C>],
+    targets: &Targets,
+    longest_ttl: Duration,
+) -> (usize, Vec<String>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let background = settle(clients).await;
     // Commands queued in a paused server ran when it resumed: give their keys a full TTL.
-    tokio::time::sleep(MAX_TTL + Duration::from_millis(250)).await;
+    tokio::time::sleep(longest_ttl + Duration::from_millis(250)).await;
     (background, leftovers(targets).await)
 }
 

@@ -11,7 +11,7 @@ use rand::{RngExt as _, SeedableRng as _};
 
 use super::deployment::Deployment;
 use super::faults::{Plan, Restart, Servers, Targets};
-use super::workload::MAX_TTL;
+use super::workload::MAX_FRESH_TTL;
 use super::{Connect, Setup};
 use crate::support::proxy::Proxy;
 use crate::support::sentinel::{Failover, MASTER};
@@ -233,9 +233,9 @@ fn tags_per_master(cluster: &crate::support::cluster::Cluster) -> Vec<String> {
 /// client follows the primary with a `Client::connect_sentinel` of its own, reaching each
 /// sentinel directly or through its proxy, and counts a write once `replication` is met;
 /// some of its scenarios go through a client it makes for that one scenario with the same
-/// configuration, as `lockset run` does. Since TTLs differ from lock to lock, a primary
-/// restarted empty grants nothing until the longest has passed since its start
-/// (`SentinelConfig::restart_grace`, as the guide says such deployments need).
+/// configuration, as `lockset run` does (with longer TTLs). Since TTLs differ from lock to
+/// lock, a primary restarted empty grants nothing until the longest has passed since its
+/// start (`SentinelConfig::restart_grace`, as the guide says such deployments need).
 pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConnection> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5E47);
     let failover = Failover::start(2).await;
@@ -257,7 +257,7 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
             .collect();
         let config = SentinelConfig::new(sentinels, MASTER)
             .expect("sentinel config")
-            .restart_grace(MAX_TTL);
+            .restart_grace(MAX_FRESH_TTL);
         // Default time limits, or short ones (the reply's above the replicas' wait).
         let (replication, config) = match rng.random_range(0..3) {
             0 => (replication, config),

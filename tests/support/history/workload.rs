@@ -27,8 +27,21 @@ pub const MAX_TTL: Duration = Duration::from_millis(500);
 /// shorter).
 pub const MAX_LEASE: Duration = Duration::from_secs(2);
 
+/// The longest TTL a client made for one scenario asks for: a short-lived process (`lockset
+/// run`) holds its lock longer than the long-lived clients' requests do (at most 1.33 s,
+/// so that its waiters' default lease is still [`MAX_LEASE`]). Such a lock often outlives
+/// the second or so a fast restart's replicas take to reconnect (before which nothing is
+/// replicated, so nothing is granted), which a lock of [`MAX_TTL`] rarely does: the fast
+/// restart's test is what these locks' holders believe meanwhile.
+pub const MAX_FRESH_TTL: Duration = Duration::from_millis(1_300);
+
 /// How often a worker that can make a client for one scenario does so.
 const ONE_OPERATION: f64 = 0.3;
+
+/// How long a worker waits after its client for one scenario failed to connect, as
+/// `lockset run --wait` pauses between two connections to a deployment that is not ready,
+/// rather than connecting again and again while the deployment fails over.
+const CONNECT_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long a client made for one scenario waits for its background work (a release on
 /// drop) before it goes, as `lockset` does before it exits.
@@ -180,6 +193,7 @@ where
                     "client {}: a connect failed with what retrying cannot fix: {err}",
                     self.id
                 );
+                tokio::time::sleep(CONNECT_PAUSE).await;
                 return;
             }
         };
@@ -602,9 +616,13 @@ where
     }
 
     fn draw_ttl(&mut self) -> Duration {
+        let max = match self.one_operation {
+            Some(_) => MAX_FRESH_TTL,
+            None => MAX_TTL,
+        };
         ms(self
             .rng
-            .random_range(MIN_TTL.as_millis() as u64..=MAX_TTL.as_millis() as u64))
+            .random_range(MIN_TTL.as_millis() as u64..=max.as_millis() as u64))
     }
 
     fn draw_retry(&mut self) -> Retry {
