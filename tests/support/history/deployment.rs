@@ -1,7 +1,8 @@
 //! The Sentinel topology's servers under faults: a primary with two replicas behind three
 //! sentinels ([`Failover`]), whose nodes are paused and killed (and come back empty, as
-//! replicas), whose replicas are promoted on purpose, and whose primary is cut off from its
-//! replicas while its clients still reach it.
+//! replicas), whose replicas are promoted on purpose, whose primary is cut off from its
+//! replicas while its clients still reach it, and whose primary is restarted empty before
+//! the sentinels notice (its replicas then drop what they copied).
 //!
 //! These faults take turns: one at a time, each waiting until the deployment is whole
 //! again (every sentinel names the primary, which has both replicas online) before the next
@@ -36,9 +37,9 @@ impl Deployment {
         }
     }
 
-    /// Applies `fault` (a pause, a kill, a promotion, a cut-off) when no other fault has
-    /// the deployment, and records it with what came of it; returns when the deployment is
-    /// whole again.
+    /// Applies `fault` (a pause, a kill, a promotion, a cut-off, a fast restart) when no
+    /// other fault has the deployment, and records it with what came of it; returns when
+    /// the deployment is whole again.
     pub async fn apply(&self, fault: Fault, history: &History) {
         let Ok(_turn) = self.turn.try_lock() else {
             return;
@@ -51,6 +52,7 @@ impl Deployment {
                 Fault::Restart { server, down } => kill(f, runtime, server, down),
                 Fault::Promote { sentinel } => promote(f, runtime, sentinel),
                 Fault::CutOff { for_, then } => cut_off(f, runtime, for_, then),
+                Fault::FastRestart { down } => restart_empty(f, runtime, down),
                 other => unreachable!("not a fault of the deployment: {other:?}"),
             })
             .await;
@@ -147,6 +149,18 @@ fn kill(f: &mut Failover, runtime: &Handle, server: usize, down: Duration) -> Ve
     let demoted = runtime.block_on(while_demoting(&ports, f.restore(i)));
     notes.extend(demoted);
     notes.push(format!("back as a replica after {:.1?}", start.elapsed()));
+    notes
+}
+
+/// Kills the primary with SIGKILL and starts it again on its port `down` later, empty and
+/// still a primary, before the sentinels notice (see [`Failover::restart_primary_empty`]):
+/// its replicas resynchronize from it and drop every lock they copied. A restart slow
+/// enough for the sentinels to notice ends as a pause long enough for a failover does.
+fn restart_empty(f: &mut Failover, runtime: &Handle, down: Duration) -> Vec<String> {
+    let start = Instant::now();
+    runtime.block_on(f.restart_primary_empty(down));
+    let mut notes = vec![format!("up again after {:.1?}", start.elapsed())];
+    notes.extend(settle(f, runtime));
     notes
 }
 

@@ -1,7 +1,8 @@
 //! Faults from a seeded schedule: servers paused (SIGSTOP) or killed and restarted empty,
 //! connections stalled, dropped, cut or slowed in a TCP proxy, cluster slots migrated;
-//! in a Sentinel deployment also replicas promoted on purpose and primaries cut off from
-//! their replicas (see `deployment.rs`).
+//! in a Sentinel deployment also replicas promoted on purpose, primaries cut off from
+//! their replicas, and primaries restarted empty before the sentinels notice (see
+//! `deployment.rs`).
 //!
 //! The whole schedule is drawn from the seed before the run starts, so a seed reproduces
 //! it; a target (a server, a proxy) has at most one fault at a time, and every fault heals
@@ -37,6 +38,9 @@ pub enum Restart {
     AsReplica,
 }
 
+/// How many kinds of fault there are (see [`Plan::weights`]).
+pub const KINDS: usize = 10;
+
 /// What the schedule may do to a topology, and how often.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -45,14 +49,15 @@ pub struct Plan {
     pub restart: Restart,
     /// Cluster slots whose keys may be migrated to another node.
     pub slots: Vec<u16>,
-    /// A Sentinel deployment: replicas may be promoted on purpose and the primary cut off
-    /// from its replicas, and the servers' faults take turns with those (one at a time).
+    /// A Sentinel deployment: replicas may be promoted on purpose, the primary cut off from
+    /// its replicas or restarted empty at once, and the servers' faults take turns with
+    /// those (one at a time).
     pub failovers: bool,
     /// The time between two faults starting, in ms.
     pub gap_ms: (u64, u64),
     /// Relative weights: pause, restart, stall, latency, drop, cut, migrate, promote, cut
-    /// off.
-    pub weights: [u32; 9],
+    /// off, fast restart.
+    pub weights: [u32; KINDS],
     /// How many servers are down (paused or killed) from the start, before any client
     /// spoke to them, for a long stretch of the run (Redlock: a minority of its masters).
     pub down_at_start: usize,
@@ -68,7 +73,7 @@ impl Plan {
             slots,
             failovers: false,
             gap_ms: (100, 700),
-            weights: [25, 15, 15, 15, 10, 10, 15, 0, 0],
+            weights: [25, 15, 15, 15, 10, 10, 15, 0, 0, 0],
             down_at_start: 0,
         }
     }
@@ -77,7 +82,7 @@ impl Plan {
     pub fn failover(proxies: usize) -> Self {
         Self {
             failovers: true,
-            weights: [15, 20, 10, 10, 10, 10, 0, 25, 20],
+            weights: [15, 20, 10, 10, 10, 10, 0, 25, 20, 25],
             ..Self::mixed(3, proxies, Restart::AsReplica, Vec::new())
         }
     }
@@ -123,6 +128,12 @@ pub enum Fault {
     CutOff {
         for_: Duration,
         then: AfterCutOff,
+    },
+    /// The primary killed (SIGKILL) and started again on its port `down` later, empty and
+    /// still a primary, before the sentinels notice: its replicas resynchronize from the
+    /// empty data set.
+    FastRestart {
+        down: Duration,
     },
 }
 
@@ -205,7 +216,7 @@ fn pick_kind(rng: &mut SmallRng, plan: &Plan) -> Option<usize> {
         6 => !plan.slots.is_empty(),
         _ => plan.failovers,
     };
-    let weights: Vec<u32> = (0..9)
+    let weights: Vec<u32> = (0..KINDS)
         .map(|k| if allowed(k) { plan.weights[k] } else { 0 })
         .collect();
     let total: u32 = weights.iter().sum();
@@ -243,7 +254,7 @@ fn draw(
     let settle = ms(50);
     // A Sentinel deployment's faults take turns; each waits until it is whole again.
     let lane = plan.servers + plan.proxies;
-    if plan.failovers && matches!(kind, 0 | 1 | 7 | 8) && free[lane] > at {
+    if plan.failovers && matches!(kind, 0 | 1 | 7..) && free[lane] > at {
         return None;
     }
     let turn = |server: usize| match plan.failovers {
@@ -315,7 +326,7 @@ fn draw(
             let sentinel = rng.random_range(0..3);
             (Fault::Promote { sentinel }, ms(3_000), vec![lane])
         }
-        _ => {
+        8 => {
             let for_ = ms(rng.random_range(100..=1_500));
             let then = match rng.random_range(0..3) {
                 0 => AfterCutOff::Heal,
@@ -323,6 +334,11 @@ fn draw(
                 _ => AfterCutOff::Kill,
             };
             (Fault::CutOff { for_, then }, for_ + ms(3_000), vec![lane])
+        }
+        _ => {
+            // Back well within the sentinels' down-after (1 s): they never notice.
+            let down = ms(rng.random_range(50..=150));
+            (Fault::FastRestart { down }, ms(3_000), vec![lane])
         }
     };
     Some(drawn)
@@ -475,6 +491,7 @@ async fn apply(
                 | Fault::Restart { .. }
                 | Fault::Promote { .. }
                 | Fault::CutOff { .. }
+                | Fault::FastRestart { .. }
         )
     {
         if let Some(began) = began {
@@ -520,7 +537,7 @@ async fn apply(
         Fault::Drop { proxy } => targets.proxies[proxy].drop_connections(),
         Fault::Cut { proxy } => targets.proxies[proxy].cut_next_reply(),
         Fault::Migrate { slot, shift } => migrate(&targets.servers, slot, shift).await,
-        Fault::Promote { .. } | Fault::CutOff { .. } => {
+        Fault::Promote { .. } | Fault::CutOff { .. } | Fault::FastRestart { .. } => {
             unreachable!("only a Sentinel deployment fails over")
         }
     }
@@ -561,6 +578,9 @@ pub fn describe(fault: &Fault) -> String {
         Fault::Promote { sentinel } => format!("sentinel {sentinel} promotes a replica"),
         Fault::CutOff { for_, then } => {
             format!("the primary cut off from its replicas for {for_:?}, then {then:?}")
+        }
+        Fault::FastRestart { down } => {
+            format!("the primary killed, restarted empty as a primary after {down:?}")
         }
         Fault::Stall { proxy, for_ } => format!("proxy {proxy} stalled for {for_:?}"),
         Fault::Latency {

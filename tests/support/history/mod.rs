@@ -8,6 +8,7 @@ pub mod record;
 pub mod topology;
 pub mod workload;
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,16 +18,23 @@ use tokio::time::Instant;
 
 use faults::{Plan, Targets};
 use record::{History, Stats};
-use workload::{MAX_LEASE, MAX_TTL, Worker};
+use workload::{MAX_FRESH_TTL, MAX_LEASE, MAX_TTL, Worker};
 
 /// Resident memory may grow this much between the warm-up and the end of a run.
 pub const RSS_GROWTH_LIMIT_KIB: u64 = 48 * 1024;
+
+/// Makes a client for one operation, as a short-lived process (`lockset run`) makes one.
+pub type Connect<C> =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = lockset::Result<Client<C>>> + Send>> + Send + Sync>;
 
 /// A topology ready to run: its clients (one per simulated process), its keys, and what
 /// faults can act on.
 pub struct Setup<C> {
     pub name: String,
     pub clients: Vec<Client<C>>,
+    /// One per client, in a topology whose clients also lock through clients made for one
+    /// operation (empty in the others): how that client makes one.
+    pub fresh: Vec<Connect<C>>,
     /// Groups of keys; one lock takes its keys from one group.
     pub pool: Vec<Vec<String>>,
     pub fencing: bool,
@@ -82,6 +90,7 @@ where
 {
     let keep_going = std::env::var_os("LOCKSET_HISTORY_KEEP_GOING").is_some();
     let history = History::new(&setup.name, seed, keep_going);
+    let longest_ttl = longest_ttl(&setup);
     let until = Instant::now() + length;
     let schedule = faults::schedule(seed, &setup.plan, length);
     // Servers down from the start are down before any client speaks.
@@ -107,7 +116,7 @@ where
         .map(|(id, client)| {
             let worker = Worker::new(
                 id,
-                client.clone(),
+                (client.clone(), setup.fresh.get(id).cloned()),
                 seed,
                 pool.clone(),
                 history.clone(),
@@ -135,7 +144,7 @@ where
     // A run that a violation stopped is judged by it alone: its clean-up is not waited for.
     let (background, leftovers) = match history.stopped() {
         true => (0, Vec::new()),
-        false => clean_up(&setup.clients, &setup.targets).await,
+        false => clean_up(&setup.clients, &setup.targets, longest_ttl).await,
     };
     let stats = history.stats();
     let summary = summary(
@@ -155,15 +164,27 @@ where
     }
 }
 
-/// Waits until the clients' background tasks ended and every key had its time to expire;
-/// returns how many tasks were left then, and the keys left on the servers.
-async fn clean_up<C>(clients: &[Client<C>], targets: &Targets) -> (usize, Vec<String>)
+/// The longest TTL any operation of `setup` asks for.
+fn longest_ttl<C>(setup: &Setup<C>) -> Duration {
+    match setup.fresh.is_empty() {
+        true => MAX_TTL,
+        false => MAX_FRESH_TTL,
+    }
+}
+
+/// Waits until the clients' background tasks ended and every key had its time to expire
+/// (`longest_ttl`); returns how many tasks were left then, and the keys left on the servers.
+async fn clean_up<C>(
+    clients: &[Client<C>],
+    targets: &Targets,
+    longest_ttl: Duration,
+) -> (usize, Vec<String>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let background = settle(clients).await;
     // Commands queued in a paused server ran when it resumed: give their keys a full TTL.
-    tokio::time::sleep(MAX_TTL + Duration::from_millis(250)).await;
+    tokio::time::sleep(longest_ttl + Duration::from_millis(250)).await;
     (background, leftovers(targets).await)
 }
 
@@ -210,7 +231,8 @@ fn summary(
         .map_or("none".to_owned(), |gap| format!("{gap:?}"));
     format!(
         "history {}: seed {}, {:.1} of {:.0} s, {clients} clients: {} operations ({} obtains, {} \
-         cancelled, {} errors), {} beliefs, {} faults ({} failovers), max overlap slack {slack} (closest gap \
+         cancelled, {} errors; {} clients made for one operation, {} of them failed to \
+         connect), {} beliefs, {} faults ({} failovers), max overlap slack {slack} (closest gap \
          between owners of one key), {} deadlines missed ({} without a fault), {} violations, at most {} \
          beliefs kept, RSS {} -> {} KiB",
         history.name,
@@ -221,6 +243,8 @@ fn summary(
         stats.obtains,
         stats.cancelled,
         stats.errors,
+        stats.fresh_clients,
+        stats.fresh_connects_failed,
         stats.beliefs,
         stats.faults,
         stats.failovers,

@@ -60,6 +60,10 @@ pub struct Stats {
     pub failovers: u64,
     pub cancelled: u64,
     pub errors: u64,
+    /// Scenarios run by a client made for them alone, and how many of those clients
+    /// failed to connect.
+    pub fresh_clients: u64,
+    pub fresh_connects_failed: u64,
     /// The closest two beliefs of different owners on one key came (None: never adjacent).
     pub min_gap: Option<Duration>,
     pub deadlines_missed: u64,
@@ -163,6 +167,18 @@ impl History {
 
     pub fn error(&self) {
         self.state().stats.errors += 1;
+    }
+
+    /// A client made for one scenario connected (`true`), or failed to: counted as an
+    /// operation, and a failure as an error.
+    pub fn connected(&self, ok: bool) {
+        let mut state = self.state();
+        state.stats.ops += 1;
+        state.stats.fresh_clients += 1;
+        if !ok {
+            state.stats.fresh_connects_failed += 1;
+            state.stats.errors += 1;
+        }
     }
 
     pub fn cancelled(&self) {

@@ -9,9 +9,10 @@ use lockset::{Client, QuorumConfig, Replication, SentinelConfig, SentinelConnect
 use rand::rngs::SmallRng;
 use rand::{RngExt as _, SeedableRng as _};
 
-use super::Setup;
 use super::deployment::Deployment;
 use super::faults::{Plan, Restart, Servers, Targets};
+use super::workload::MAX_FRESH_TTL;
+use super::{Connect, Setup};
 use crate::support::proxy::Proxy;
 use crate::support::sentinel::{Failover, MASTER};
 use crate::support::{RedisServer, ms};
@@ -99,6 +100,7 @@ pub async fn single(seed: u64) -> Setup<ConnectionManager> {
     Setup {
         name: "single server".to_owned(),
         clients,
+        fresh: Vec::new(),
         pool: plain_pool(),
         fencing: true,
         plan: Plan::mixed(1, proxies.len(), Restart::Delayed, Vec::new()),
@@ -142,11 +144,12 @@ pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
     if restart == Restart::Immediate {
         // Restarts often, so that a majority can forget a lock within one TTL.
         plan.gap_ms = (10, 120);
-        plan.weights = [15, 60, 5, 5, 5, 5, 0, 0, 0];
+        plan.weights = [15, 60, 5, 5, 5, 5, 0, 0, 0, 0];
     }
     Setup {
         name: name.to_owned(),
         clients,
+        fresh: Vec::new(),
         pool: plain_pool(),
         // Redlock refuses fencing tokens.
         fencing: false,
@@ -201,6 +204,7 @@ pub async fn cluster(seed: u64) -> Setup<lockset::redis::cluster_async::ClusterC
     Setup {
         name: "cluster".to_owned(),
         clients,
+        fresh: Vec::new(),
         pool,
         fencing: true,
         plan: Plan::mixed(cluster.nodes.len(), 0, Restart::Never, slots),
@@ -227,7 +231,11 @@ fn tags_per_master(cluster: &crate::support::cluster::Cluster) -> Vec<String> {
 
 /// A primary with two replicas behind three sentinels, each sentinel behind a proxy. Every
 /// client follows the primary with a `Client::connect_sentinel` of its own, reaching each
-/// sentinel directly or through its proxy, and counts a write once `replication` is met.
+/// sentinel directly or through its proxy, and counts a write once `replication` is met;
+/// some of its scenarios go through a client it makes for that one scenario with the same
+/// configuration, as `lockset run` does (with longer TTLs). Since TTLs differ from lock to
+/// lock, a primary restarted empty grants nothing until the longest has passed since its
+/// start (`SentinelConfig::restart_grace`, as the guide says such deployments need).
 pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConnection> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5E47);
     let failover = Failover::start(2).await;
@@ -236,6 +244,7 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
         proxies.push(Arc::new(Proxy::start(sentinel.port()).await));
     }
     let mut clients = Vec::new();
+    let mut fresh: Vec<Connect<SentinelConnection>> = Vec::new();
     for _ in 0..client_count(&mut rng) {
         let sentinels: Vec<String> = failover
             .sentinels
@@ -246,7 +255,9 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
                 false => sentinel.url(),
             })
             .collect();
-        let config = SentinelConfig::new(sentinels, MASTER).expect("sentinel config");
+        let config = SentinelConfig::new(sentinels, MASTER)
+            .expect("sentinel config")
+            .restart_grace(MAX_FRESH_TTL);
         // Default time limits, or short ones (the reply's above the replicas' wait).
         let (replication, config) = match rng.random_range(0..3) {
             0 => (replication, config),
@@ -260,7 +271,14 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
             ),
         };
         let config = config.replication(replication);
-        clients.push(Client::connect_sentinel(config).await.expect("connect"));
+        clients.push(
+            Client::connect_sentinel(config.clone())
+                .await
+                .expect("connect"),
+        );
+        fresh.push(Arc::new(move || {
+            Box::pin(Client::connect_sentinel(config.clone()))
+        }));
     }
     let name = match replication.replicas_needed() {
         Some(0) => "Sentinel without replication".to_owned(),
@@ -271,11 +289,12 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
     if replication.replicas_needed() == Some(0) {
         // Promotions (also of a replica behind a cut-off primary) and pauses long enough
         // for a failover lose writes the old primary took: those the checker must see.
-        plan.weights = [10, 5, 5, 5, 5, 5, 0, 50, 30];
+        plan.weights = [10, 5, 5, 5, 5, 5, 0, 50, 30, 5];
     }
     Setup {
         name,
         clients,
+        fresh,
         pool: plain_pool(),
         fencing: true,
         plan,

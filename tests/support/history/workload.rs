@@ -3,7 +3,9 @@
 //! A client runs small scenarios one after another: a plain lock used for a while (TTL
 //! queries, refreshes to shorter and longer TTLs) then released or left to expire; a lock
 //! with a custom token re-obtained inside itself (same keys, a superset, a shorter TTL); a
-//! guard kept alive by its watchdog; `with_lock`; and obtains cancelled mid-flight.
+//! guard kept alive by its watchdog; `with_lock`; and obtains cancelled mid-flight. Where
+//! the topology allows it, some scenarios go through a client made for that one scenario,
+//! as a short-lived process (`lockset run`) makes one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt as _, SeedableRng as _};
 use tokio::time::Instant;
 
+use super::Connect;
 use super::record::{Held, History};
 use crate::support::ms;
 
@@ -24,10 +27,36 @@ pub const MAX_TTL: Duration = Duration::from_millis(500);
 /// shorter).
 pub const MAX_LEASE: Duration = Duration::from_secs(2);
 
+/// The longest TTL a client made for one scenario asks for: a short-lived process (`lockset
+/// run`) holds its lock longer than the long-lived clients' requests do (at most 1.33 s,
+/// so that its waiters' default lease is still [`MAX_LEASE`]). Such a lock often outlives
+/// the second or so a fast restart's replicas take to reconnect (before which nothing is
+/// replicated, so nothing is granted), which a lock of [`MAX_TTL`] rarely does: the fast
+/// restart's test is what these locks' holders believe meanwhile.
+pub const MAX_FRESH_TTL: Duration = Duration::from_millis(1_300);
+
+/// How often a worker that can make a client for one scenario does so.
+const ONE_OPERATION: f64 = 0.3;
+
+/// How long a worker waits after its client for one scenario failed to connect, as
+/// `lockset run --wait` pauses between two connections to a deployment that is not ready,
+/// rather than connecting again and again while the deployment fails over.
+const CONNECT_PAUSE: Duration = Duration::from_millis(200);
+
+/// How long a client made for one scenario waits for its background work (a release on
+/// drop) before it goes, as `lockset` does before it exits.
+const SETTLE: Duration = Duration::from_secs(2);
+
 /// One client (as if one process) and what it draws its operations from.
 pub struct Worker<C> {
     id: usize,
+    /// The client the scenario at hand locks through: the worker's long-lived one, or one
+    /// made for it alone.
     client: Client<C>,
+    /// How this worker makes a client for one scenario, if the topology has them.
+    fresh: Option<Connect<C>>,
+    /// The number of the client made for the scenario at hand, if it is one.
+    one_operation: Option<u64>,
     rng: SmallRng,
     /// Groups of keys; the keys of one lock come from one group (one cluster slot).
     pool: Arc<Vec<Vec<String>>>,
@@ -60,8 +89,8 @@ struct Request {
 }
 
 impl Request {
-    /// The request for reports: `client <id> <action> [keys (modes)] ttl .., options`.
-    fn describe(&self, client: usize, action: &str) -> String {
+    /// The request for reports: `<who> <action> [keys (modes)] ttl .., options`.
+    fn describe(&self, who: &str, action: &str) -> String {
         let keys: Vec<String> = self
             .keys
             .iter()
@@ -72,7 +101,7 @@ impl Request {
             })
             .collect();
         format!(
-            "client {client} {action} [{}] ttl {:?}, {}",
+            "{who} {action} [{}] ttl {:?}, {}",
             keys.join(", "),
             self.ttl,
             self.options_what
@@ -102,9 +131,11 @@ impl<C> Worker<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    /// Worker `id`, with its long-lived client and how it makes one for a single scenario
+    /// (if the topology has those).
     pub fn new(
         id: usize,
-        client: Client<C>,
+        (client, fresh): (Client<C>, Option<Connect<C>>),
         seed: u64,
         pool: Arc<Vec<Vec<String>>>,
         history: Arc<History>,
@@ -116,6 +147,8 @@ where
         Self {
             id,
             client,
+            fresh,
+            one_operation: None,
             rng,
             pool,
             history,
@@ -127,6 +160,11 @@ where
     /// Runs scenarios until `until`, or until the history found a violation.
     pub async fn run(mut self, until: Instant) {
         while Instant::now() < until && !self.history.stopped() {
+            if self.fresh.is_some() && self.rng.random_bool(ONE_OPERATION) {
+                self.one_operation().await;
+                self.pause(10).await;
+                continue;
+            }
             match self.rng.random_range(0..100) {
                 0..30 => self.plain().await,
                 30..45 => self.nested().await,
@@ -136,6 +174,49 @@ where
                 _ => self.cancelled().await,
             }
             self.pause(10).await;
+        }
+    }
+
+    /// A scenario as a short-lived process (`lockset run`) runs it, through a client made
+    /// for it alone: connect, obtain, hold (refreshes, a watchdog), release or let expire,
+    /// wait a while for the background work, drop. A connect that fails while the
+    /// deployment changes over (an unavailable primary, too few replicas) is an operation
+    /// that did not get the lock.
+    async fn one_operation(&mut self) {
+        let connect = self.fresh.clone().expect("a worker that makes clients");
+        let client = match connect().await {
+            Ok(client) => client,
+            Err(err) => {
+                self.history.connected(false);
+                assert!(
+                    err.is_unavailable(),
+                    "client {}: a connect failed with what retrying cannot fix: {err}",
+                    self.id
+                );
+                tokio::time::sleep(CONNECT_PAUSE).await;
+                return;
+            }
+        };
+        self.history.connected(true);
+        self.made += 1;
+        self.one_operation = Some(self.made);
+        let long_lived = std::mem::replace(&mut self.client, client);
+        match self.rng.random_range(0..3) {
+            0 => self.plain().await,
+            1 => self.guarded().await,
+            _ => self.permit().await,
+        }
+        let client = std::mem::replace(&mut self.client, long_lived);
+        self.one_operation = None;
+        let _ = tokio::time::timeout(SETTLE, client.background_idle()).await;
+    }
+
+    /// Who runs the scenario at hand, for reports: `client <id>`, or the client it made for
+    /// the scenario.
+    fn who(&self) -> String {
+        match self.one_operation {
+            Some(n) => format!("client {} (its one-operation client {n})", self.id),
+            None => format!("client {}", self.id),
         }
     }
 
@@ -156,7 +237,7 @@ where
         let counted = group.iter().find(|key| key.ends_with('0'));
         request.keys = vec![counted.expect("every group has a counted key").clone()];
         request.modes = vec![Mode::Permit { limit: 2 }];
-        request.what = request.describe(self.id, "obtain");
+        request.what = request.describe(&self.who(), "obtain");
         if let Some((lock, mut held)) = self.obtain(request, None).await {
             self.use_lock(&lock, &mut held).await;
             self.finish(lock, held).await;
@@ -189,7 +270,8 @@ where
                 "a shorter TTL"
             }
         };
-        inner.what = inner.describe(self.id, &format!("re-obtain by its token, {variant}:"));
+        let action = format!("re-obtain by its token, {variant}:");
+        inner.what = inner.describe(&self.who(), &action);
         let inner_what = inner.what.clone();
         let inner_outcome = match self.obtain(inner, None).await {
             Some((inner_lock, mut inner_held)) => {
@@ -476,7 +558,7 @@ where
             what: String::new(),
             options_what,
         };
-        request.what = request.describe(self.id, "obtain");
+        request.what = request.describe(&self.who(), "obtain");
         request
     }
 
@@ -534,9 +616,13 @@ where
     }
 
     fn draw_ttl(&mut self) -> Duration {
+        let max = match self.one_operation {
+            Some(_) => MAX_FRESH_TTL,
+            None => MAX_TTL,
+        };
         ms(self
             .rng
-            .random_range(MIN_TTL.as_millis() as u64..=MAX_TTL.as_millis() as u64))
+            .random_range(MIN_TTL.as_millis() as u64..=max.as_millis() as u64))
     }
 
     fn draw_retry(&mut self) -> Retry {
