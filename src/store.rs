@@ -91,8 +91,9 @@ pub(crate) trait Deployment: Send + Sync {
     fn epoch(&self) -> Option<u64>;
     /// The primary's lookup, and how many replicas the deployment could promote.
     fn promotable(&self) -> Option<Promotable>;
-    /// Whether the primary may grant a lock of `ttl` now (a restarted primary may not).
-    fn admits(&self, ttl: Duration) -> RedisResult<()>;
+    /// Finds the primary when none is known, and says whether it may grant a lock of `ttl`
+    /// now (one that restarted empty may not); its lookup (see [`Promotable::generation`]).
+    fn admits(&self, ttl: Duration) -> Pin<Box<dyn Future<Output = RedisResult<u64>> + Send + '_>>;
     /// Whether the primary is still the one the deployment names, and none of `missing`
     /// (replicas it lists no more, or not in sync) is a primary now.
     fn confirm(&self, missing: Vec<Address>) -> Pin<Box<dyn Future<Output = bool> + Send + '_>>;
@@ -136,11 +137,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// key found held by the script-free path is asked for its TTL (a second round trip,
     /// only when held).
     pub(crate) async fn obtain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
-        if let Some(deployment) = self.deployment.get() {
-            deployment.admits(claim.ttl.duration)?;
-        }
-        // Fencing tokens are led by the epoch of the primary the obtain is sent to.
-        let epoch = claim.counter.map(|_| self.epoch());
+        // Behind a deployment the primary is found first, and must admit the lock (one that
+        // restarted empty grants nothing for a while); the obtain counts only if that is
+        // still the primary after the write (see below).
+        let admitted = match self.deployment.get() {
+            Some(deployment) => Some(deployment.admits(claim.ttl.duration).await?),
+            None => None,
+        };
         // The script paths' futures are boxed: every caller's future would otherwise carry
         // (and copy, each time it moves) room for them, also on the common path without.
         let written = if let Some(modes) = claim.modes {
@@ -160,10 +163,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         if let (Obtain::Obtained { .. }, Some(acks)) = (outcome, acks) {
             Box::pin(self.keep_if_replicated(claim, acks)).await?;
         }
-        if matches!(outcome, Obtain::Obtained { fence: Some(_) })
-            && epoch != claim.counter.map(|_| self.epoch())
+        if matches!(outcome, Obtain::Obtained { .. })
+            && admitted.is_some()
+            && admitted != self.lookup()
         {
-            return Box::pin(self.undo_minted_elsewhere(claim)).await;
+            return Box::pin(self.undo_moved(claim)).await;
         }
         Ok(outcome)
     }
@@ -188,19 +192,29 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     }
 
     /// A fenced obtain ran on a new primary that the connection found while the obtain was
-    /// on its way, with the old primary's epoch: its token may be below one the old primary
-    /// minted (the new one's counter and clock may both be behind). The lock is given back,
-    /// and the attempt counts as failed on the way, to be tried again with the new epoch.
-    async fn undo_minted_elsewhere(&self, claim: &Claim<'_>) -> Result<Obtain> {
+    /// on its way: the primary that admitted it is not the one that took it. That one may
+    /// have restarted empty (and must grant nothing for a while), and a fencing token it
+    /// minted under the old primary's epoch may be below one the old primary minted (the new
+    /// one's counter and clock may both be behind). The lock is given back, and the attempt
+    /// counts as failed on the way, to be tried again on the new primary.
+    async fn undo_moved(&self, claim: &Claim<'_>) -> Result<Obtain> {
         if !claim.owner.is_custom()
             && let Err(err) = self.release(claim, Some("")).await
         {
-            tracing::warn!(%err, "giving back a lock minted under an old epoch failed; it expires with its TTL");
+            tracing::warn!(%err, "giving back a lock taken by a primary found on the way failed; it expires with its TTL");
         }
         Err(Error::Redis(RedisError::from(std::io::Error::new(
             std::io::ErrorKind::ConnectionReset,
-            "the primary changed while the obtain minted its fencing token",
+            "the primary changed while the obtain was on its way",
         ))))
+    }
+
+    /// The deployment's current lookup of the primary, when there is a deployment.
+    fn lookup(&self) -> Option<u64> {
+        self.deployment
+            .get()
+            .and_then(|deployment| deployment.promotable())
+            .map(|promotable| promotable.generation)
     }
 
     /// How writes to this server would be replicated per `replication`, on a primary with

@@ -49,6 +49,19 @@ pub(crate) struct Sighting {
     pub(crate) replicas: Vec<Address>,
     /// How long the sentinel has been up, in seconds (`None`: not said).
     pub(crate) uptime: Option<u64>,
+    /// The run id it last saw the named primary run under (empty: none yet). It asks the
+    /// primary for it every 10 s: a restarted primary runs under a new one meanwhile.
+    pub(crate) run_id: String,
+}
+
+/// What the sentinels that named a primary know of its past: for telling a restart from a
+/// new deployment (see `primary.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Witness {
+    /// The longest any of them has been up, in seconds.
+    pub(crate) sentinels_up: Option<u64>,
+    /// The run ids they last saw it run under (none empty).
+    pub(crate) run_ids: Vec<String>,
 }
 
 /// One sentinel's answer.
@@ -84,8 +97,8 @@ pub(crate) struct Elected {
     pub(crate) failing_over: bool,
     /// The most replicas an agreeing sentinel lists as promotable.
     pub(crate) replicas: u32,
-    /// The longest an agreeing sentinel has been up, in seconds.
-    pub(crate) sentinels_up: Option<u64>,
+    /// What the agreeing sentinels know of its past.
+    pub(crate) witness: Witness,
 }
 
 impl Census {
@@ -151,7 +164,14 @@ impl Census {
                 .sightings()
                 .any(|(_, s)| s.failing_over && (s.host != host || s.port != port)),
             replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
-            sentinels_up: agreeing.iter().filter_map(|s| s.uptime).max(),
+            witness: Witness {
+                sentinels_up: agreeing.iter().filter_map(|s| s.uptime).max(),
+                run_ids: agreeing
+                    .iter()
+                    .map(|s| s.run_id.clone())
+                    .filter(|id| !id.is_empty())
+                    .collect(),
+            },
         })
     }
 
@@ -314,6 +334,11 @@ pub(crate) fn parse_answer(replies: &[Value]) -> Answer {
         failing_over: !monitored || flagged(&["failover_in_progress"]),
         replicas: promotable(replicas, (&host, port)),
         uptime: info_field(&info, "uptime_in_seconds").and_then(|n| n.parse().ok()),
+        run_id: if monitored {
+            field("runid").to_owned()
+        } else {
+            String::new()
+        },
         host,
         port,
     })
@@ -388,6 +413,7 @@ mod tests {
             failing_over: false,
             replicas: vec![("127.0.0.1".into(), 9000)],
             uptime: Some(10),
+            run_id: "ab12".into(),
         })
     }
 

@@ -59,7 +59,7 @@ use crate::waiting::events::lock;
 mod census;
 mod primary;
 
-use census::{Answer, Census, Elected};
+use census::{Answer, Census, Elected, Witness};
 use primary::Facts;
 
 /// The shortest time between two lookups of the primary while none can be found.
@@ -404,20 +404,20 @@ impl SentinelConnection {
             })
     }
 
-    /// Whether the current primary may grant a lock of `ttl` now: not while a primary that
-    /// restarted empty may have forgotten a lock that is still valid (see `primary.rs`).
-    pub(crate) fn admits(&self, ttl: Duration) -> RedisResult<()> {
-        let Some((host, port, started)) = lock(&self.follower.current)
-            .as_ref()
-            .and_then(|p| Some((p.host.clone(), p.port, p.restarted_empty?)))
-        else {
-            return Ok(());
+    /// Finds the primary (looked up when none is known), and whether it may grant a lock of
+    /// `ttl` now: not while a primary that restarted empty may have forgotten a lock that is
+    /// still valid (see `primary.rs`). Its lookup's generation when it may.
+    pub(crate) async fn admits(&self, ttl: Duration) -> RedisResult<u64> {
+        let primary = self.follower.primary().await?;
+        let Some(started) = primary.restarted_empty else {
+            return Ok(primary.generation);
         };
         let grace = self.follower.config.restart_grace.max(ttl);
         let up = started.elapsed();
         if up >= grace {
-            return Ok(());
+            return Ok(primary.generation);
         }
+        let (host, port) = (primary.host, primary.port);
         Err(unavailable(format!(
             "the primary {host}:{port} restarted {up:.1?} ago without its data (no persistence that keeps every write); it grants no lock until {grace:?} after its start, the longest TTL a lock it forgot may have (SentinelConfig::restart_grace)"
         )))
@@ -514,7 +514,7 @@ impl Follower {
             )));
         }
         let (conn, facts) = self
-            .connect_primary(&elected.host, elected.port, elected.sentinels_up)
+            .connect_primary(&elected.host, elected.port, &elected.witness)
             .await?;
         if !facts.is_primary {
             return Err(unavailable(format!(
@@ -596,12 +596,12 @@ impl Follower {
     }
 
     /// A connection to the server at `host:port`, and what it says of itself (see
-    /// `primary.rs`), given how long the sentinels have been up.
+    /// `primary.rs`), given what the sentinels know of its past.
     async fn connect_primary(
         &self,
         host: &str,
         port: u16,
-        sentinels_up: Option<u64>,
+        witness: &Witness,
     ) -> RedisResult<(MultiplexedConnection, Facts)> {
         let config = &self.config;
         let client = config.node_client(host, port)?;
@@ -610,7 +610,7 @@ impl Follower {
                 .get_multiplexed_async_connection_with_config(&config.connection_config())
                 .await?;
             let replies: Vec<Value> = primary::ask().query_async(&mut conn).await?;
-            RedisResult::Ok((conn, Facts::parse(&replies, sentinels_up)))
+            RedisResult::Ok((conn, Facts::parse(&replies, witness)))
         };
         let limit = config.connection_timeout + config.response_timeout;
         tokio::time::timeout(limit, connected)
@@ -626,7 +626,7 @@ impl Follower {
     /// reached in time is not).
     async fn is_primary_at(&self, host: &str, port: u16) -> bool {
         matches!(
-            self.connect_primary(host, port, None).await,
+            self.connect_primary(host, port, &Witness::default()).await,
             Ok((_, facts)) if facts.is_primary
         )
     }
@@ -828,8 +828,11 @@ impl Deployment for SentinelConnection {
         Self::promotable(self)
     }
 
-    fn admits(&self, ttl: Duration) -> RedisResult<()> {
-        Self::admits(self, ttl)
+    fn admits(
+        &self,
+        ttl: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = RedisResult<u64>> + Send + '_>> {
+        Box::pin(Self::admits(self, ttl))
     }
 
     fn confirm(
@@ -886,6 +889,13 @@ impl std::fmt::Debug for SentinelConnection {
         f.debug_struct("SentinelConnection")
             .field("master", &self.follower.config.master)
             .field("primary", &self.primary_address())
+            .field(
+                "restarted_empty_ago",
+                &lock(&self.follower.current)
+                    .as_ref()
+                    .and_then(|p| p.restarted_empty)
+                    .map(|started| started.elapsed()),
+            )
             .finish_non_exhaustive()
     }
 }

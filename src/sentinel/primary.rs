@@ -11,8 +11,9 @@
 //!
 //! - the primary was never a replica since it started (`second_repl_offset:-1`: a promoted
 //!   replica has the data it replicated),
-//! - it started after the sentinels (they have been up at least [`STARTED_AFTER`] longer:
-//!   a deployment started together is new, not restarted), and
+//! - the sentinels knew an earlier run of it: they last saw it under another run id (they
+//!   ask every 10 s), or they have been up at least [`STARTED_AFTER`] longer than it (a
+//!   deployment started together is new, not restarted), and
 //! - it has no persistence that keeps every acknowledged write (`appendonly yes` with
 //!   `appendfsync always`; a snapshot or a once-a-second fsync loses the last writes).
 //!
@@ -24,11 +25,14 @@ use std::time::Duration;
 use redis::Value;
 use tokio::time::Instant;
 
-use super::census::info_field;
+use super::census::{Witness, info_field};
 
 /// How much longer than the primary the sentinels must have been up for its start to
-/// count as a restart (uptimes are whole seconds).
-const STARTED_AFTER: u64 = 2;
+/// count as a restart. Uptimes are whole seconds, rounded down: sentinels started after the
+/// primary never show more than it, so one second more means they were there before it.
+/// (Sentinels started before the data nodes make a new deployment's first locks wait too:
+/// safe, and only once.)
+const STARTED_AFTER: u64 = 1;
 
 /// What the primary said at connect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,8 +63,8 @@ pub(crate) fn ask() -> redis::Pipeline {
 }
 
 impl Facts {
-    /// Reads the replies to [`ask`], given how long the sentinels have been up.
-    pub(crate) fn parse(replies: &[Value], sentinels_up: Option<u64>) -> Self {
+    /// Reads the replies to [`ask`], given what the sentinels know of the primary's past.
+    pub(crate) fn parse(replies: &[Value], witness: &Witness) -> Self {
         let text = |i: usize| {
             replies
                 .get(i)
@@ -73,25 +77,28 @@ impl Facts {
         let never_replica = info_field(&replication, "second_repl_offset") == Some("-1");
         let keeps_every_write =
             info_field(&persistence, "aof_enabled") == Some("1") && fsync_always(replies.get(4));
-        let restarted = match (uptime, sentinels_up) {
-            (Some(uptime), Some(sentinels)) => {
-                is_primary
-                    && never_replica
-                    && !keeps_every_write
-                    && sentinels >= uptime + STARTED_AFTER
-            }
+        let run_id = info_field(&server, "run_id").unwrap_or("");
+        let rerun = witness.run_ids.iter().any(|seen| seen != run_id);
+        let started_after = match (uptime, witness.sentinels_up) {
+            (Some(uptime), Some(sentinels)) => sentinels >= uptime + STARTED_AFTER,
             _ => false,
         };
+        let restarted =
+            is_primary && never_replica && !keeps_every_write && (rerun || started_after);
         Self {
             is_primary,
-            restarted_empty: restarted.then(|| {
-                let uptime = Duration::from_secs(uptime.unwrap_or(0));
-                Instant::now()
-                    .checked_sub(uptime)
-                    .unwrap_or_else(Instant::now)
-            }),
+            restarted_empty: restarted.then(|| latest_start(uptime.unwrap_or(0))),
         }
     }
+}
+
+/// The latest moment a server that says it has been up `uptime` whole seconds can have
+/// started. Redis counts them as the difference of two clock readings in whole seconds, so
+/// the truth may be up to a second less: counting from the reading alone, the grace ended a
+/// second early (a run overlapped a holder by 4 ms in the torture test).
+fn latest_start(uptime: u64) -> Instant {
+    let now = Instant::now() + Duration::from_secs(1);
+    now.checked_sub(Duration::from_secs(uptime)).unwrap_or(now)
 }
 
 /// Whether a `CONFIG GET appendfsync` reply says `always`.
@@ -127,7 +134,9 @@ mod tests {
     fn replies(uptime: u64, second_offset: &str, aof: &str, fsync: &str) -> Vec<Value> {
         vec![
             Value::Array(vec![bulk("master"), Value::Int(0)]),
-            bulk(&format!("# Server\r\nuptime_in_seconds:{uptime}\r\n")),
+            bulk(&format!(
+                "# Server\r\nrun_id:new1\r\nuptime_in_seconds:{uptime}\r\n"
+            )),
             bulk(&format!("# Persistence\r\naof_enabled:{aof}\r\n")),
             bulk(&format!(
                 "# Replication\r\nrole:master\r\nsecond_repl_offset:{second_offset}\r\n"
@@ -138,38 +147,48 @@ mod tests {
 
     #[test]
     fn a_primary_that_started_after_its_sentinels_without_safe_persistence_restarted_empty() {
-        let restarted = Facts::parse(&replies(0, "-1", "0", "everysec"), Some(30));
+        let up = |sentinels_up| Witness {
+            sentinels_up: Some(sentinels_up),
+            run_ids: vec!["new1".into()],
+        };
+        let restarted = Facts::parse(&replies(0, "-1", "0", "everysec"), &up(30));
         assert!(restarted.is_primary);
         assert!(restarted.restarted_empty.is_some());
         // Started with its sentinels: a new deployment.
         assert!(
-            Facts::parse(&replies(30, "-1", "0", "everysec"), Some(31))
+            Facts::parse(&replies(30, "-1", "0", "everysec"), &up(30))
                 .restarted_empty
                 .is_none()
         );
         // A replica promoted since it started has the data it replicated.
         assert!(
-            Facts::parse(&replies(0, "1234", "0", "everysec"), Some(30))
+            Facts::parse(&replies(0, "1234", "0", "everysec"), &up(30))
                 .restarted_empty
                 .is_none()
         );
         // Every acknowledged write is on disk.
         assert!(
-            Facts::parse(&replies(0, "-1", "1", "always"), Some(30))
+            Facts::parse(&replies(0, "-1", "1", "always"), &up(30))
                 .restarted_empty
                 .is_none()
         );
         assert!(
-            Facts::parse(&replies(0, "-1", "1", "everysec"), Some(30))
+            Facts::parse(&replies(0, "-1", "1", "everysec"), &up(30))
                 .restarted_empty
                 .is_some()
         );
         // Nothing known of the sentinels: nothing to compare with.
-        assert!(
-            Facts::parse(&replies(0, "-1", "0", "no"), None)
-                .restarted_empty
-                .is_none()
-        );
+        let unknown = Witness::default();
+        let facts = Facts::parse(&replies(0, "-1", "0", "no"), &unknown);
+        assert!(facts.restarted_empty.is_none());
+        // Sentinels as young as it, that last saw it under another run id (they ask every
+        // 10 s): it restarted.
+        let rerun = Witness {
+            sentinels_up: Some(1),
+            run_ids: vec!["old1".into()],
+        };
+        let facts = Facts::parse(&replies(0, "-1", "0", "no"), &rerun);
+        assert!(facts.restarted_empty.is_some());
     }
 
     #[test]

@@ -138,7 +138,7 @@ async fn run_once(
     let start = Instant::now();
     let who = format!("{who} (on {:?})", conn.primary_address().map(|a| a.1));
     if std::env::var("LOCKSET_TORTURE_DEBUG").is_ok() {
-        eprintln!("{who} obtained: {:?}", conn.sentinels_say().await);
+        eprintln!("{who} obtained: {conn:?} {:?}", conn.sentinels_say().await);
     }
     sections.started();
     let end = hold(lock, ttl, section).await;
@@ -174,6 +174,32 @@ async fn lock_within(
             }
             other => return other,
         }
+    }
+}
+
+/// A long-lived client's tries at `key` every 100 ms (no waiting), each lock held for 500
+/// ms, until `stop` says so.
+async fn contend(
+    client: Client<SentinelConnection>,
+    key: &'static str,
+    ttl: Duration,
+    sections: Sections,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut n = 0;
+    while !*stop.borrow() {
+        n += 1;
+        let obtained = client.obtain(key, ttl, &Options::default()).await;
+        if let (Err(err), Ok(_)) = (&obtained, std::env::var("LOCKSET_TORTURE_DEBUG")) {
+            eprintln!("long-lived try {n}: {err}");
+        }
+        if let Ok(lock) = obtained {
+            let start = Instant::now();
+            sections.started();
+            let end = hold(lock, ttl, ms(500)).await;
+            sections.record(start, end, format!("long-lived try {n}"));
+        }
+        tokio::time::sleep(ms(100)).await;
     }
 }
 
@@ -278,6 +304,9 @@ async fn a_primary_restarted_empty_grants_nothing_while_a_lock_it_forgot_may_be_
     let ttl = ms(4_000);
     for trial in 0..trials() {
         let mut failover = Failover::start(2).await;
+        // The sentinels knew the primary before it restarts (as in any deployment that has
+        // run for a while): what tells a restart from a new deployment.
+        failover.sentinels_up_for(ms(3_000)).await;
         let sections = Sections::default();
         let holder = Client::connect_sentinel(failover.config(Replication::all()))
             .await
@@ -287,10 +316,42 @@ async fn a_primary_restarted_empty_grants_nothing_while_a_lock_it_forgot_may_be_
             .await
             .unwrap();
         let start = Instant::now();
-        let holding = tokio::spawn(hold(lock, ttl, ms(6_000)));
+        // The holder does not refresh: it believes in its lock for its whole validity (a
+        // refresh would tell it sooner that the restart wiped the lock).
+        let believed = lock.valid_until();
+        let holding = tokio::spawn(async move {
+            tokio::time::sleep_until(believed).await;
+            drop(lock);
+            believed
+        });
+        // A long-lived contender too: it learns of the restart from its connection's
+        // failure, and finds the primary again inside its next obtain (without release
+        // events, whose listener would find it first).
+        let contender = Client::connect_sentinel(failover.config(Replication::all()))
+            .await
+            .unwrap()
+            .without_release_events();
+        let other = contender
+            .obtain("other", ttl, &Options::default())
+            .await
+            .unwrap();
         failover.restart_primary_empty(ms(100)).await;
         let restarted = Instant::now();
+        // The contender's first obtain after the restart comes once the replicas have the
+        // empty data set: they acknowledge it, so only the restart rule can refuse it.
+        failover.replicas_online().await;
+        // Its first request after the restart finds the connection dead (and leaves nothing
+        // to clean up in the background, which would look the primary up first): its next
+        // obtain looks the primary up on its way.
+        assert!(other.ttl().await.is_err());
         let (stop, stopped) = tokio::sync::watch::channel(false);
+        let contending = tokio::spawn(contend(
+            contender,
+            "restart",
+            ttl,
+            sections.clone(),
+            stopped.clone(),
+        ));
         let runs = start_runs(
             &failover,
             "restart",
@@ -308,6 +369,7 @@ async fn a_primary_restarted_empty_grants_nothing_while_a_lock_it_forgot_may_be_
         stop.send_replace(true);
         let mut runs = runs.await.unwrap();
         while runs.join_next().await.is_some() {}
+        contending.await.unwrap();
         let end = holding.await.unwrap();
         sections.record(start, end, "the holder".into());
         sections.assert_none_overlapped(trial);

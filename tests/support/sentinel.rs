@@ -408,6 +408,44 @@ impl Failover {
         primary
     }
 
+    /// Waits until the primary lists every other data node as an online replica (after a
+    /// restart: resynchronized from it).
+    pub async fn replicas_online(&self) {
+        let start = Instant::now();
+        let replicas = self.nodes.len() - 1;
+        loop {
+            let primary = self.nodes[self.primary()].port();
+            let info = self.ask_node(primary, &["INFO", "replication"]);
+            if info.matches("state=online").count() == replicas {
+                return;
+            }
+            assert!(
+                start.elapsed() < FAILOVER_WITHIN,
+                "replicas not back: {info}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until every sentinel has been up for `at_least` (a deployment whose primary
+    /// restarts after that is one the sentinels knew before).
+    pub async fn sentinels_up_for(&self, at_least: Duration) {
+        for sentinel in &self.sentinels {
+            loop {
+                let info = self.ask_sentinel(sentinel.port(), &["INFO", "server"]);
+                let up: u64 = info
+                    .lines()
+                    .find_map(|line| line.strip_prefix("uptime_in_seconds:"))
+                    .and_then(|n| n.trim().parse().ok())
+                    .unwrap_or(0);
+                if up >= at_least.as_secs() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+
     /// Starts a planned failover (`SENTINEL FAILOVER`) through the first sentinel.
     pub fn fail_over_on_purpose(&self) {
         let reply = self.ask_sentinel(self.sentinels[0].port(), &["SENTINEL", "FAILOVER", MASTER]);

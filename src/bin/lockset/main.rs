@@ -268,9 +268,7 @@ fn usage(err: &clap::Error) -> u8 {
     let _ = err.print();
     if missing_command(err) {
         // `lockset run job echo hi` reads every word as a key.
-        eprintln!(
-            "\ntip: put the command after `--`: lockset run KEY... -- COMMAND [ARG]..."
-        );
+        eprintln!("\ntip: put the command after `--`: lockset run KEY... -- COMMAND [ARG]...");
     }
     match err.use_stderr() {
         true => USAGE,
