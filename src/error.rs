@@ -171,6 +171,9 @@ pub enum NodeFailure {
     Missing,
     /// No answer within the per-node time limit.
     TimedOut(Duration),
+    /// Nothing was sent: the master missed a deadline earlier and has not answered since
+    /// (a probe asks it; see the guide: [Redlock](crate::guide::redlock)).
+    Unresponsive,
     /// A key holds a non-string value there.
     WrongType(String),
     /// A Redis or connection error.
@@ -228,6 +231,7 @@ impl std::fmt::Display for NodeFailure {
             Self::Refused => f.write_str("held by another owner"),
             Self::Missing => f.write_str("the keys are gone"),
             Self::TimedOut(limit) => write!(f, "no answer within {limit:?}"),
+            Self::Unresponsive => f.write_str("not answering since it missed a deadline"),
             Self::WrongType(key) => write!(f, "key {key:?} holds a non-string value"),
             Self::Redis(err) => write!(f, "{err}"),
             Self::NotReplicated {

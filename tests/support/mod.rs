@@ -310,3 +310,14 @@ pub fn slow_scenario(test: &str, waits: &str) -> bool {
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
+
+/// The process's resident memory in KiB (`VmRSS`).
+pub fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
