@@ -14,27 +14,29 @@
 //! - A **probe** (one task, one `PING` at a time, each awaited at most [`PROBE_LIMIT`]) finds
 //!   out when it answers again. The connection answers in order: the `PING`'s reply comes
 //!   after every request sent before it, so whatever the master was to run has run.
-//! - Every release or clean-up that could not be sent there (down), or got no answer in
-//!   time, is **owed**: remembered by its keys and value, and sent by the probe once the
-//!   master answers, before the master is up again (before anything else of this client).
-//!   A lock there expires by its TTL at the latest, so a debt is dropped once the longest
-//!   TTL ever written there has passed since it was owed. A debt keeps the keys and the
-//!   owner tag (not the metadata), about 300 bytes for a key; at most [`MAX_OWED_BYTES`] are
-//!   owed per master: beyond, the oldest debts are dropped (with a warning) and those keys
-//!   expire with their TTL.
+//! - Every release or clean-up of a lock that may be on the master (a write of it was sent
+//!   there) is **owed** when it could not be sent there (down) or got no answer in time:
+//!   remembered by its keys and owner tag (not its metadata: the release script matches a
+//!   key by tag), and sent by the probe once the master answers, before the master is up
+//!   again (before anything else of this client). A debt is not dropped when its TTL has
+//!   passed: a stalled master runs the writes in its backlog when it resumes, and their TTL
+//!   counts from then. Debts can only come from writes sent before the master missed its
+//!   deadline (later ones fail at once), so they are bounded by the rate of locks times the
+//!   per-node limit; and at most [`MAX_OWED_BYTES`] are kept per master: beyond, the oldest
+//!   are dropped (with a warning), and those keys expire with their TTL.
 //!
 //! The probe is not one of the client's counted background tasks (it lasts as long as the
 //! master does not answer, which may be for good); it ends when the client is dropped.
 
 use std::collections::VecDeque;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use redis::aio::ConnectionLike;
-use tokio::time::{Instant, error::Elapsed, timeout};
+use tokio::time::{error::Elapsed, timeout};
 
 use crate::error::{Error, NodeFailure, is_unreachable};
 use crate::request::OwnedClaim;
@@ -61,25 +63,17 @@ pub const MAX_OWED_BYTES: usize = 16 << 20;
 /// One master's state: up or down, and what is owed to it.
 pub(crate) struct Health {
     down: AtomicBool,
-    /// The longest TTL (ms) any write to this master asked for: no lock there outlives a
-    /// debt by more.
-    longest_ttl: AtomicU64,
     owed: Mutex<Owed>,
     tasks: Tasks,
 }
 
 #[derive(Default)]
 struct Owed {
-    debts: VecDeque<Debt>,
+    /// The locks whose release is owed, oldest first: keys and owner tag (see
+    /// [`OwnedClaim::to_release`]).
+    debts: VecDeque<Arc<OwnedClaim>>,
     /// Their size, estimated ([`OwnedClaim::size`]).
     bytes: usize,
-}
-
-/// A release owed to a master: the lock (its keys and value), and until when its keys may
-/// still be there.
-struct Debt {
-    claim: Arc<OwnedClaim>,
-    until: Instant,
 }
 
 impl Health {
@@ -87,7 +81,6 @@ impl Health {
     pub(crate) fn new(tasks: Tasks) -> Arc<Self> {
         Arc::new(Self {
             down: AtomicBool::new(false),
-            longest_ttl: AtomicU64::new(0),
             owed: Mutex::default(),
             tasks,
         })
@@ -100,12 +93,10 @@ impl Health {
 
     /// Runs an operation on the master within `limit` (by `bounded`, which adds the limit),
     /// unless it is down: then nothing is sent. A missed deadline (the limit, or redis-rs's
-    /// own response timeout) takes it down and starts its probe. Every operation notes its
-    /// TTL for the debts (see [`Health::owe`]).
+    /// own response timeout) takes it down and starts its probe.
     pub(crate) async fn ask<C, T>(
         self: &Arc<Self>,
         store: &Arc<Store<C>>,
-        ttl_ms: u64,
         limit: Duration,
         bounded: impl Future<Output = Result<crate::Result<T>, Elapsed>>,
     ) -> Result<T, NodeFailure>
@@ -115,7 +106,6 @@ impl Health {
         if self.is_down() {
             return Err(NodeFailure::Unresponsive);
         }
-        self.longest_ttl.fetch_max(ttl_ms, Ordering::Relaxed);
         match bounded.await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(Error::Redis(err) | Error::UnknownOutcome(err))) if err.is_timeout() => {
@@ -142,8 +132,7 @@ impl Health {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let ttl = claim.claim().ttl.millis;
-        let answer = self.ask(store, ttl, limit, bounded).await;
+        let answer = self.ask(store, limit, bounded).await;
         let unanswered = match &answer {
             Ok(_) => false,
             Err(NodeFailure::Redis(err)) => is_unreachable(err),
@@ -173,25 +162,18 @@ impl Health {
         }
     }
 
-    /// Remembers a release owed to the master, dropping debts whose keys have expired, and
-    /// the oldest beyond [`MAX_OWED_BYTES`].
+    /// Remembers a release owed to the master, dropping the oldest beyond
+    /// [`MAX_OWED_BYTES`].
     fn owe(&self, claim: &OwnedClaim) {
-        let longest = Duration::from_millis(self.longest_ttl.load(Ordering::Relaxed));
-        let now = Instant::now();
-        let until = now + longest.max(claim.claim().ttl.duration);
         let claim = Arc::new(claim.to_release());
         let mut owed = self.owed();
         owed.bytes += claim.size();
-        owed.debts.push_back(Debt { claim, until });
+        owed.debts.push_back(claim);
         let mut dropped = 0;
-        while let Some(first) = owed.debts.front() {
-            let expired = first.until <= now;
-            if !expired && (owed.bytes <= MAX_OWED_BYTES || owed.debts.len() == 1) {
-                break;
-            }
+        while owed.bytes > MAX_OWED_BYTES && owed.debts.len() > 1 {
             if let Some(debt) = owed.debts.pop_front() {
-                owed.bytes -= debt.claim.size();
-                dropped += usize::from(!expired);
+                owed.bytes -= debt.size();
+                dropped += 1;
             }
         }
         if dropped > 0 {
@@ -218,11 +200,9 @@ impl Health {
                 owed.bytes = 0;
                 std::mem::take(&mut owed.debts)
             };
-            let now = Instant::now();
-            let unanswered: Vec<Debt> = futures_util::stream::iter(debts)
-                .filter(|debt| std::future::ready(debt.until > now))
+            let unanswered: Vec<Arc<OwnedClaim>> = futures_util::stream::iter(debts)
                 .map(|debt| async move {
-                    let claim = debt.claim.claim();
+                    let claim = debt.claim();
                     let sent = timeout(SETTLE_LIMIT, store.release_owed(&claim)).await;
                     match sent {
                         Ok(Ok(_)) => None,
@@ -239,7 +219,7 @@ impl Health {
                 .await;
             if !unanswered.is_empty() {
                 let mut owed = self.owed();
-                owed.bytes += unanswered.iter().map(|d| d.claim.size()).sum::<usize>();
+                owed.bytes += unanswered.iter().map(|debt| debt.size()).sum::<usize>();
                 for debt in unanswered.into_iter().rev() {
                     owed.debts.push_front(debt);
                 }

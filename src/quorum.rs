@@ -376,7 +376,6 @@ where
         let needed = self.needed(claim);
         let counted = self
             .vote_in_place(
-                claim,
                 None,
                 limit,
                 needed,
@@ -434,14 +433,9 @@ where
             stragglers.settled().await;
             let owed = claim.to_shared();
             let counted = self
-                .vote_in_place(
-                    claim,
-                    Some(&owed),
-                    limit,
-                    needed,
-                    InPlace::Finish,
-                    |_, store| store.release_by_script(claim, payload),
-                )
+                .vote_in_place(Some(&owed), limit, needed, InPlace::Finish, |_, store| {
+                    store.release_by_script(claim, payload)
+                })
                 .await;
             return counted.verdict(self, QuorumOp::Release, true, needed);
         }
@@ -525,7 +519,6 @@ where
     /// With `owed`, `op` is its release, owed to a master that does not answer.
     async fn vote_in_place<'a, T, F, Fut>(
         &'a self,
-        claim: &Claim<'_>,
         owed: Option<&Arc<OwnedClaim>>,
         limit: Duration,
         needed: usize,
@@ -545,11 +538,10 @@ where
                 let bounded = self
                     .identities
                     .beside(master, store, limit, op(master, store));
-                let ttl = claim.ttl.millis;
                 async move {
                     let answer = match owed {
                         Some(owed) => health.release(store, owed, limit, bounded).await,
-                        None => health.ask(store, ttl, limit, bounded).await,
+                        None => health.ask(store, limit, bounded).await,
                     };
                     (master, answer)
                 }
@@ -684,8 +676,7 @@ where
         let bounded = self
             .identities
             .beside(self.master, &self.store, self.limit, op);
-        let ttl = self.claim.claim().ttl.millis;
-        self.health.ask(&self.store, ttl, self.limit, bounded).await
+        self.health.ask(&self.store, self.limit, bounded).await
     }
 
     /// As [`Share::answer`], for this master's part of a release or clean-up; with `owed`,
