@@ -128,6 +128,8 @@ pub enum Error {
         /// How many masters there are.
         nodes: usize,
         /// A majority agreed, but too late: the validity (TTL − elapsed − drift) ran out.
+        /// Also set, with `succeeded` 0 and no failures, when an obtain's TTL is within the
+        /// drift allowance (no obtain could be valid): then nothing was sent.
         expired: bool,
         /// Each master that did not agree (by index), and why.
         failures: Vec<(usize, NodeFailure)>,

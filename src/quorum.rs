@@ -225,6 +225,19 @@ where
             .is_some_and(|left| !left.is_zero())
     }
 
+    /// The error for an obtain whose TTL is within the drift allowance: no lock it makes
+    /// could be valid, so nothing is sent.
+    fn never_valid(&self, claim: &Claim<'_>) -> Error {
+        Error::Quorum {
+            op: QuorumOp::Obtain,
+            succeeded: 0,
+            needed: self.needed(claim),
+            nodes: self.nodes.len(),
+            expired: true,
+            failures: Vec::new(),
+        }
+    }
+
     fn node_timeout(&self, ttl: Duration) -> Duration {
         self.config
             .node_timeout
@@ -244,6 +257,9 @@ where
         let start = Instant::now();
         if let Err(err) = self.check_distinct() {
             return (Err(err), None);
+        }
+        if !self.still_valid(start, claim.ttl.duration) {
+            return (Err(self.never_valid(claim)), None);
         }
         let limit = self.node_timeout(claim.ttl.duration);
         // A quorum reports no holder's TTL: asking each master would be wasted.
