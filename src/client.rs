@@ -638,6 +638,7 @@ where
         let (keys, modes) = mode::split(keys);
         let modes = checked_modes(&keys, modes)?;
         let ttl = Ttl::new(ttl)?;
+        options.check_metadata()?;
         let token = options
             .token
             .as_deref()
@@ -800,6 +801,7 @@ where
     ) -> Result<(Won, Option<Modes>)> {
         let modes = checked_modes(keys, modes)?;
         let ttl = Ttl::new(ttl)?;
+        options.check_metadata()?;
         let custom = options.token.as_deref().map(Owner::custom).transpose()?;
         let counter = self.fencing_counter(keys, options)?;
         #[cfg(feature = "cluster")]

@@ -395,6 +395,14 @@ pub enum InvalidInput {
         /// The key.
         key: String,
     },
+    /// More metadata than [`MAX_METADATA`](crate::MAX_METADATA) bytes.
+    #[error("invalid input: {len} bytes of metadata, at most {max} are allowed")]
+    MetadataTooLong {
+        /// How many bytes were given.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// More keys than [`MAX_KEYS`](crate::MAX_KEYS).
     #[error("invalid input: {count} keys, at most {max} are allowed")]
     TooManyKeys {

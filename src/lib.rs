@@ -152,7 +152,7 @@ pub use slots::slot_number;
 pub use slots::{fencing_key_for, release_channel};
 #[cfg(feature = "tls")]
 pub use tls::Tls;
-pub use validate::{MAX_KEYS, MAX_TTL};
+pub use validate::{MAX_KEYS, MAX_METADATA, MAX_TTL};
 pub use value::parse_value;
 pub use waiters::{QueuedWaiter, read_queue};
 

@@ -11,6 +11,12 @@ use crate::error::InvalidInput;
 /// the time one script blocks the server, not because of Lua's stack.
 pub const MAX_KEYS: usize = 100_000;
 
+/// The most bytes of metadata one lock may store ([`Options::metadata`](crate::Options::metadata)):
+/// 64 KiB. Checked before anything is sent. Every key of the lock stores it, so a lock takes
+/// about keys × (metadata + 32) bytes of server memory; a large value also costs every
+/// operation of the lock its transfer (a release compares it).
+pub const MAX_METADATA: usize = 64 * 1024;
+
 /// The longest TTL: 2^52 ms, about 142,000 years, far inside what Redis accepts.
 pub const MAX_TTL: Duration = Duration::from_millis(1 << 52);
 
@@ -50,6 +56,17 @@ pub(crate) fn keys(keys: &[String]) -> Result<(), InvalidInput> {
     match duplicate {
         Some(key) => Err(InvalidInput::DuplicateKey { key: key.clone() }),
         None => Ok(()),
+    }
+}
+
+/// Checks metadata to store: at most [`MAX_METADATA`] bytes.
+pub(crate) fn metadata(metadata: &str) -> Result<(), InvalidInput> {
+    match metadata.len() {
+        len if len > MAX_METADATA => Err(InvalidInput::MetadataTooLong {
+            len,
+            max: MAX_METADATA,
+        }),
+        _ => Ok(()),
     }
 }
 
