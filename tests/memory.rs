@@ -95,6 +95,7 @@ async fn a_master_paused_for_minutes_keeps_no_released_lock() {
     .await;
     println!("{report:?}");
     assert!(report.cleared_after.is_some(), "{report:?}");
+    // The median from 2 s into the pause on (see `PauseReport`).
     assert!(report.tasks[2] <= 16 * 10, "{report:?}");
     assert_eq!(report.tasks[3], 0, "{report:?}");
     // Requests in flight within the first missed limit, and at most 16 MiB of debts.

@@ -648,8 +648,9 @@ async fn a_master_paused_under_load_keeps_no_released_lock_once_resumed() {
     );
     // Once the master missed its deadline, each worker has at most two operations' tasks
     // under way, one per master each: a release returns at a majority, and its last
-    // master's part finishes beside the next obtain. (Before, the requests sent within the
-    // first per-node limit wait it out.)
+    // master's part finishes beside the next obtain (the median: a live master that misses
+    // a deadline on a loaded machine has every task wait out one per-node limit). Before,
+    // every operation's task for the paused master waited out the limit.
     assert!(
         report.tasks[2] <= WORKERS * 10,
         "background tasks during the pause: {report:?}"
