@@ -263,3 +263,42 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Health, MAX_OWED_BYTES};
+    use crate::request::{Claim, Ttl};
+    use crate::tasks::Tasks;
+    use crate::value::Owner;
+
+    /// Debts keep the keys and the owner tag, not the metadata, and stay under the bound:
+    /// the oldest go first.
+    #[test]
+    fn debts_drop_the_metadata_and_the_oldest_beyond_the_bound() {
+        let health = Health::new(Tasks::default());
+        let ttl = Ttl::new(Duration::from_secs(10)).expect("a valid TTL");
+        let keys: Vec<Vec<String>> = (0..100_000).map(|i| vec![format!("k{i}")]).collect();
+        let owner = Owner::random();
+        let value = owner.value(&"m".repeat(1_000)).into_owned();
+        for keys in &keys {
+            let claim = Claim {
+                keys,
+                owner: &owner,
+                value: &value,
+                ttl,
+                counter: None,
+                modes: None,
+                ticket: None,
+            };
+            health.owe(&claim.to_shared());
+        }
+        let owed = health.owed();
+        assert!(owed.bytes <= MAX_OWED_BYTES, "{}", owed.bytes);
+        assert!(owed.debts.len() > 10_000, "{}", owed.debts.len());
+        let newest = owed.debts.back().expect("debts");
+        assert_eq!(newest.claim().keys, ["k99999"]);
+        assert_eq!(newest.claim().value, owner.value(""));
+    }
+}
