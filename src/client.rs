@@ -517,8 +517,10 @@ where
 
     /// How many background tasks this client and its clones are running now: watchdogs,
     /// releases of dropped [`Guard`](crate::Guard)s, clean-ups after obtains that were cancelled
-    /// or got no reply.
-    /// Zero once every lock is released and every clean-up is done.
+    /// or got no reply; a Redlock operation's part on each master.
+    /// Zero once every lock is released and every clean-up is done. (A Redlock master that
+    /// stopped answering is probed by a task not counted here: it lasts as long as the master
+    /// does not answer; see the guide: [Redlock](crate::guide::redlock).)
     pub fn background_tasks(&self) -> usize {
         self.inner.tasks.count()
     }
@@ -636,6 +638,7 @@ where
         let (keys, modes) = mode::split(keys);
         let modes = checked_modes(&keys, modes)?;
         let ttl = Ttl::new(ttl)?;
+        options.check_metadata()?;
         let token = options
             .token
             .as_deref()
@@ -798,6 +801,7 @@ where
     ) -> Result<(Won, Option<Modes>)> {
         let modes = checked_modes(keys, modes)?;
         let ttl = Ttl::new(ttl)?;
+        options.check_metadata()?;
         let custom = options.token.as_deref().map(Owner::custom).transpose()?;
         let counter = self.fencing_counter(keys, options)?;
         #[cfg(feature = "cluster")]

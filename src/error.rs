@@ -86,9 +86,11 @@ pub enum Error {
         requested: Mode,
     },
 
-    /// Redis returned an error, or the connection failed.
+    /// Redis returned an error, or the connection failed. A server error that echoes a
+    /// lock's value (an unknown command lists its arguments) shows `<redacted>` in its
+    /// place: no token appears in an error text.
     #[error("redis error: {0}")]
-    Redis(#[from] redis::RedisError),
+    Redis(redis::RedisError),
 
     /// Fewer replicas than [`Replication`](crate::Replication) asks for acknowledged a
     /// write within its timeout (see [`Client::replicated`](crate::Client::replicated)).
@@ -128,6 +130,8 @@ pub enum Error {
         /// How many masters there are.
         nodes: usize,
         /// A majority agreed, but too late: the validity (TTL − elapsed − drift) ran out.
+        /// Also set, with `succeeded` 0 and no failures, when an obtain's TTL is within the
+        /// drift allowance (no obtain could be valid): then nothing was sent.
         expired: bool,
         /// Each master that did not agree (by index), and why.
         failures: Vec<(usize, NodeFailure)>,
@@ -171,6 +175,9 @@ pub enum NodeFailure {
     Missing,
     /// No answer within the per-node time limit.
     TimedOut(Duration),
+    /// Nothing was sent: the master missed a deadline earlier and has not answered since
+    /// (a probe asks it; see the guide: [Redlock](crate::guide::redlock)).
+    Unresponsive,
     /// A key holds a non-string value there.
     WrongType(String),
     /// A Redis or connection error.
@@ -228,6 +235,7 @@ impl std::fmt::Display for NodeFailure {
             Self::Refused => f.write_str("held by another owner"),
             Self::Missing => f.write_str("the keys are gone"),
             Self::TimedOut(limit) => write!(f, "no answer within {limit:?}"),
+            Self::Unresponsive => f.write_str("not answering since it missed a deadline"),
             Self::WrongType(key) => write!(f, "key {key:?} holds a non-string value"),
             Self::Redis(err) => write!(f, "{err}"),
             Self::NotReplicated {
@@ -323,6 +331,50 @@ impl Error {
     }
 }
 
+impl From<redis::RedisError> for Error {
+    fn from(err: redis::RedisError) -> Self {
+        Self::Redis(redact(err))
+    }
+}
+
+/// `err` without any lock value it echoes: a server error whose text quotes an argument that
+/// is a lock's value (`'<token length>:<token>…'`, marked by a waiter or not) gets
+/// `'<redacted>'` there, with its code and kind kept. Other errors are returned as they are.
+pub(crate) fn redact(err: redis::RedisError) -> redis::RedisError {
+    let (Some(code), Some(detail)) = (err.code(), err.detail()) else {
+        return err;
+    };
+    let Some(redacted) = redact_values(detail) else {
+        return err;
+    };
+    let line = format!("-{code} {redacted}\r\n");
+    match redis::parse_redis_value(line.as_bytes()).map(redis::Value::extract_error) {
+        Ok(Err(redacted)) => redacted,
+        _ => err,
+    }
+}
+
+/// `text` with every quoted lock value replaced by `<redacted>`; `None` when it quotes none.
+fn redact_values(text: &str) -> Option<String> {
+    let mut parts: Vec<&str> = text.split('\'').collect();
+    let mut found = false;
+    // Quoted parts are the odd ones.
+    for part in parts.iter_mut().skip(1).step_by(2) {
+        if is_lock_value(part) {
+            *part = "<redacted>";
+            found = true;
+        }
+    }
+    found.then(|| parts.join("'"))
+}
+
+/// Whether `text` starts as a lock's value does: its owner tag's length, then a colon.
+fn is_lock_value(text: &str) -> bool {
+    let text = text.strip_prefix('!').unwrap_or(text);
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    digits > 0 && text.as_bytes().get(digits) == Some(&b':')
+}
+
 /// Whether any master refused.
 fn refused(failures: &[(usize, NodeFailure)]) -> bool {
     failures.iter().any(|(_, failure)| failure.is_refusal())
@@ -398,6 +450,14 @@ pub enum InvalidInput {
     ReservedKey {
         /// The key.
         key: String,
+    },
+    /// More metadata than [`MAX_METADATA`](crate::MAX_METADATA) bytes.
+    #[error("invalid input: {len} bytes of metadata, at most {max} are allowed")]
+    MetadataTooLong {
+        /// How many bytes were given.
+        len: usize,
+        /// The limit.
+        max: usize,
     },
     /// More keys than [`MAX_KEYS`](crate::MAX_KEYS).
     #[error("invalid input: {count} keys, at most {max} are allowed")]
@@ -554,3 +614,25 @@ pub enum InvalidInput {
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn quoted_lock_values_are_redacted_with_the_code_kept() {
+        let line = b"-ERR unknown command 'EVALSHA', with args beginning with: 'f00' '1' \
+            'k' '22:AAAAAAAAAAAAAAAAAAAAAA' '!5:minemeta' \r\n";
+        let Ok(Err(err)) = redis::parse_redis_value(line).map(redis::Value::extract_error) else {
+            panic!("not a server error");
+        };
+        let err = redact(err);
+        let shown = format!("{err} {err:?}");
+        assert!(
+            !shown.contains("AAAA") && !shown.contains("mine"),
+            "{shown}"
+        );
+        assert!(shown.contains("'k' '<redacted>' '<redacted>'"), "{shown}");
+        assert_eq!(err.code(), Some("ERR"));
+    }
+}

@@ -106,6 +106,7 @@ mod error;
 mod fencing;
 mod guard;
 pub mod guide;
+mod health;
 mod key;
 mod lock;
 mod meter;
@@ -135,6 +136,7 @@ mod waiting;
 pub use client::Client;
 pub use error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
 pub use guard::Guard;
+pub use health::MAX_OWED_BYTES;
 pub use key::IntoKey;
 pub use lock::Lock;
 pub use mode::Mode;
@@ -150,7 +152,7 @@ pub use slots::slot_number;
 pub use slots::{fencing_key_for, queue_key_for, release_channel};
 #[cfg(feature = "tls")]
 pub use tls::Tls;
-pub use validate::{MAX_KEYS, MAX_TTL};
+pub use validate::{MAX_KEYS, MAX_METADATA, MAX_TTL};
 pub use value::parse_value;
 pub use waiters::{QueuedWaiter, read_queue};
 

@@ -95,6 +95,8 @@ impl Natives {
     /// after all, as after a restart into an older version behind the same address, or the
     /// ACL user may not run it): scripts from now on, until another primary is found.
     pub(crate) fn give_up(&self, err: &RedisError) {
+        // An unknown command's text echoes its arguments: the lock's value.
+        let err = crate::error::redact(err.clone());
         tracing::debug!(%err, "server refuses a native command; scripts from now on");
         self.found.store(KNOWN, Ordering::Release);
     }

@@ -72,7 +72,9 @@ impl Options {
     }
 
     /// Metadata stored with the lock (after the token) and returned by
-    /// [`Lock::metadata`](crate::Lock::metadata). Defaults to empty.
+    /// [`Lock::metadata`](crate::Lock::metadata). Defaults to empty. At most
+    /// [`MAX_METADATA`](crate::MAX_METADATA) bytes (64 KiB): more is refused before anything
+    /// is sent ([`InvalidInput::MetadataTooLong`](crate::InvalidInput::MetadataTooLong)).
     ///
     /// Given to [`Lock::refresh`](crate::Lock::refresh), it replaces the metadata stored
     /// with the lock, in the same atomic step as the refresh (and only if the refresh
@@ -254,6 +256,12 @@ impl Options {
     /// The metadata an obtain stores: empty unless set.
     pub(crate) fn metadata_to_store(&self) -> &str {
         self.metadata.as_deref().unwrap_or_default()
+    }
+
+    /// Checks the metadata (at most [`MAX_METADATA`](crate::MAX_METADATA) bytes), before
+    /// anything is sent.
+    pub(crate) fn check_metadata(&self) -> Result<(), crate::InvalidInput> {
+        crate::validate::metadata(self.metadata_to_store())
     }
 
     /// When a call that started at `start` must stop retrying; `None` when that lies

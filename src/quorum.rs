@@ -39,10 +39,11 @@ use futures_util::StreamExt as _;
 use futures_util::stream::FuturesUnordered;
 use redis::aio::ConnectionLike;
 use tokio::sync::{mpsc, watch};
-use tokio::time::{Instant, error::Elapsed, timeout};
+use tokio::time::{Instant, timeout};
 
 use crate::distinct::Identities;
 use crate::error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
+use crate::health::Health;
 use crate::mode::Mode;
 use crate::request::{Claim, OwnedClaim, Try};
 use crate::store::{Holding, Obtain, Store};
@@ -107,6 +108,8 @@ pub(crate) struct Quorum<C> {
     tasks: Tasks,
     /// Who each master is, learned beside its first operation.
     identities: Arc<Identities>,
+    /// Whether each master answers, and the releases owed to it (see `health.rs`).
+    health: Vec<Arc<Health>>,
 }
 
 /// How one master answered.
@@ -146,11 +149,13 @@ where
             return Err(InvalidInput::ZeroNodeTimeout.into());
         }
         let identities = Arc::new(Identities::new(nodes.len()));
+        let health = nodes.iter().map(|_| Health::new(tasks.clone())).collect();
         Ok(Self {
             nodes,
             config,
             tasks,
             identities,
+            health,
         })
     }
 
@@ -220,6 +225,19 @@ where
             .is_some_and(|left| !left.is_zero())
     }
 
+    /// The error for an obtain whose TTL is within the drift allowance: no lock it makes
+    /// could be valid, so nothing is sent.
+    fn never_valid(&self, claim: &Claim<'_>) -> Error {
+        Error::Quorum {
+            op: QuorumOp::Obtain,
+            succeeded: 0,
+            needed: self.needed(claim),
+            nodes: self.nodes.len(),
+            expired: true,
+            failures: Vec::new(),
+        }
+    }
+
     fn node_timeout(&self, ttl: Duration) -> Duration {
         self.config
             .node_timeout
@@ -240,37 +258,45 @@ where
         if let Err(err) = self.check_distinct() {
             return (Err(err), None);
         }
+        if !self.still_valid(start, claim.ttl.duration) {
+            return (Err(self.never_valid(claim)), None);
+        }
         let limit = self.node_timeout(claim.ttl.duration);
         // A quorum reports no holder's TTL: asking each master would be wasted.
         let how = Try {
             holder_ttl: false,
             ..how
         };
-        let stragglers = self.stragglers();
+        let stragglers = Stragglers::unsent(self.nodes.len());
         // Which key a refusing master found held (any one: each is another owner's), so that
         // a waiter listens for that key's release, not its first key's.
         let blocking = Arc::new(AtomicUsize::new(0));
         let ballot = self.ballot(claim, Some(&stragglers), limit, |mut share| {
             let blocking = blocking.clone();
             async move {
-                let _writing = share.writing.take();
+                let writing = share.writing.take();
                 let claim = share.claim.claim();
                 let obtained = share.answer(share.store.obtain(&claim, how)).await;
+                share.note_sent(writing.as_ref(), &obtained);
                 let vote = match obtained {
-                    Ok(Ok(Obtain::Obtained { .. })) => Vote::Yes(()),
+                    Ok(Obtain::Obtained { .. }) => Vote::Yes(()),
                     // Nothing was written there.
-                    Ok(Ok(Obtain::Held { key, .. })) => {
+                    Ok(Obtain::Held { key, .. }) => {
                         blocking.store(key, Ordering::Relaxed);
                         Vote::No(NodeFailure::Refused)
                     }
-                    Ok(Err(err)) => Vote::Failed(NodeFailure::from(err)),
-                    Err(_) => Vote::Failed(NodeFailure::TimedOut(limit)),
+                    Err(failure) => Vote::Failed(failure),
                 };
-                let written = !matches!(vote, Vote::No(_));
+                // Nothing was written where the lock was refused, or nothing was sent.
+                let written =
+                    !matches!(vote, Vote::No(_) | Vote::Failed(NodeFailure::Unresponsive));
                 let _ = share.votes.send(vote);
                 // A caller that went away (cancelled) will not use the lock: undo it too.
+                // Owed to a master that does not answer (see `health.rs`).
                 if random && written && share.verdict.wait().await != Verdict::Success {
-                    let _ = timeout(limit, share.store.release_by_eval(&claim)).await;
+                    let _ = share
+                        .release(share.store.release_by_eval(&claim), true)
+                        .await;
                 }
             }
         });
@@ -325,7 +351,7 @@ where
             limit,
             move |mut share| async move {
                 // Released meanwhile: nothing more is sent.
-                let Some(_writing) = share.writing.take() else {
+                let Some(writing) = share.writing.take() else {
                     let _ = share.votes.send(Vote::No(NodeFailure::Missing));
                     return;
                 };
@@ -333,10 +359,13 @@ where
                 let answer = share
                     .answer(share.store.refresh(&claim, false, rewrite))
                     .await;
-                let missing = matches!(answer, Ok(Ok(Holding::Missing)));
-                let _ = share.votes.send(Vote::from_answer(answer, limit));
+                share.note_sent(Some(&writing), &answer);
+                let missing = matches!(answer, Ok(Holding::Missing));
+                let _ = share.votes.send(Vote::from_answer(answer));
                 if missing && share.verdict.wait().await == Verdict::Success {
-                    let _ = timeout(limit, share.store.refresh(&claim, true, rewrite)).await;
+                    let _ = share
+                        .answer(share.store.refresh(&claim, true, rewrite))
+                        .await;
                 }
             },
         );
@@ -362,10 +391,16 @@ where
         let limit = self.node_timeout(claim.ttl.duration);
         let needed = self.needed(claim);
         let counted = self
-            .vote_in_place(limit, needed, InPlace::Decide, |master, store| async move {
-                stragglers.written(master).await;
-                store.pttl(claim).await
-            })
+            .vote_in_place(
+                None,
+                limit,
+                needed,
+                InPlace::Decide,
+                |master, store| async move {
+                    stragglers.written(master).await;
+                    store.pttl(claim).await
+                },
+            )
             .await;
         if let Some(duplicate) = counted.duplicate {
             return Err(duplicate.into());
@@ -412,8 +447,9 @@ where
         stragglers.release();
         if claim.owner.is_custom() {
             stragglers.settled().await;
+            let owed = claim.to_shared();
             let counted = self
-                .vote_in_place(limit, needed, InPlace::Finish, |_, store| {
+                .vote_in_place(Some(&owed), limit, needed, InPlace::Finish, |_, store| {
                     store.release_by_script(claim, payload)
                 })
                 .await;
@@ -425,10 +461,11 @@ where
             async move {
                 stragglers.written(share.master).await;
                 let claim = share.claim.claim();
-                let answer = share
-                    .answer(share.store.release_by_script(&claim, payload.as_deref()))
-                    .await;
-                let _ = share.votes.send(Vote::from_answer(answer, limit));
+                // Owed to a master that does not answer, where the lock may be.
+                let owed = stragglers.ever_sent(share.master);
+                let release = share.store.release_by_script(&claim, payload.as_deref());
+                let answer = share.release(release, owed).await;
+                let _ = share.votes.send(Vote::from_answer(answer));
             }
         });
         // The deletes go on whatever this finds: they only ever take this lock's keys.
@@ -438,13 +475,14 @@ where
     }
 
     /// Releases on every master and waits for each (within the per-node limit): clean-up
-    /// after an obtain whose caller went away.
+    /// after an obtain whose caller went away. Owed to a master that does not answer.
     pub(crate) async fn release_everywhere(&self, claim: &Claim<'_>) {
         let limit = self.node_timeout(claim.ttl.duration);
-        let releases = self
-            .nodes
-            .iter()
-            .map(|store| timeout(limit, store.release_by_eval(claim)));
+        let owed = &claim.to_shared();
+        let releases = self.nodes.iter().zip(&self.health).map(|(store, health)| {
+            let bounded = timeout(limit, store.release_by_eval(claim));
+            health.release(store, owed, limit, bounded)
+        });
         futures_util::future::join_all(releases).await;
     }
 
@@ -476,6 +514,7 @@ where
                 },
                 verdict: VerdictReceiver(verdict.subscribe()),
                 identities: self.identities.clone(),
+                health: self.health[master].clone(),
                 limit,
                 writing: stragglers.and_then(|stragglers| stragglers.writing(master)),
             };
@@ -492,9 +531,11 @@ where
     }
 
     /// Runs `op` on every master within `limit`, in place (nothing outlives the call), until
-    /// `until` says.
+    /// `until` says; nothing is sent to a master that does not answer (see `health.rs`).
+    /// With `owed`, `op` is its release, owed to a master that does not answer.
     async fn vote_in_place<'a, T, F, Fut>(
         &'a self,
+        owed: Option<&Arc<OwnedClaim>>,
         limit: Duration,
         needed: usize,
         until: InPlace,
@@ -509,10 +550,17 @@ where
             .iter()
             .enumerate()
             .map(|(master, store)| {
-                let answer = self
+                let health = &self.health[master];
+                let bounded = self
                     .identities
                     .beside(master, store, limit, op(master, store));
-                async move { (master, answer.await) }
+                async move {
+                    let answer = match owed {
+                        Some(owed) => health.release(store, owed, limit, bounded).await,
+                        None => health.ask(store, limit, bounded).await,
+                    };
+                    (master, answer)
+                }
             })
             .collect();
         let mut tally = Tally::new(self.nodes.len(), needed);
@@ -521,7 +569,7 @@ where
             duplicate: None,
         };
         while let Some((master, answer)) = pending.next().await {
-            let vote = Vote::from_answer(answer, limit);
+            let vote = Vote::from_answer(answer);
             tally.add(&vote);
             counted.votes.push((master, vote));
             if until == InPlace::Decide {
@@ -625,6 +673,7 @@ struct Share<C> {
     votes: VoteSender,
     verdict: VerdictReceiver,
     identities: Arc<Identities>,
+    health: Arc<Health>,
     /// The per-node time limit.
     limit: Duration,
     /// The write this task is about to send, registered with the lock's stragglers; `None`
@@ -637,24 +686,50 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// This master's answer to `op` within the limit, its run id asked for beside it if
-    /// it never answered (see `distinct.rs`).
-    async fn answer<T>(&self, op: impl Future<Output = T>) -> Result<T, Elapsed> {
-        let identities = &self.identities;
-        identities
-            .beside(self.master, &self.store, self.limit, op)
+    /// it never answered (see `distinct.rs`); nothing is sent while it does not answer (see
+    /// `health.rs`).
+    async fn answer<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T, NodeFailure> {
+        let bounded = self
+            .identities
+            .beside(self.master, &self.store, self.limit, op);
+        self.health.ask(&self.store, self.limit, bounded).await
+    }
+
+    /// As [`Share::answer`], for this master's part of a release or clean-up; with `owed`,
+    /// owed to it when it could not be sent or got no answer in time.
+    async fn release<T>(
+        &self,
+        op: impl Future<Output = Result<T>>,
+        owed: bool,
+    ) -> Result<T, NodeFailure> {
+        if !owed {
+            return self.answer(op).await;
+        }
+        let bounded = self
+            .identities
+            .beside(self.master, &self.store, self.limit, op);
+        self.health
+            .release(&self.store, &self.claim, self.limit, bounded)
             .await
+    }
+
+    /// Records that this master may hold the lock, unless nothing was sent to it.
+    fn note_sent<T>(&self, writing: Option<&Writing>, answer: &Result<T, NodeFailure>) {
+        let unsent = matches!(answer, Err(NodeFailure::Unresponsive));
+        if let Some(writing) = writing.filter(|_| !unsent) {
+            writing.sent();
+        }
     }
 }
 
 impl<T> Vote<T> {
-    /// A master's answer within `limit` (`Err`: none came).
-    fn from_answer<E>(answer: Result<Result<Holding<T>>, E>, limit: Duration) -> Self {
+    /// A master's answer (`Err`: none came in time, or nothing was sent).
+    fn from_answer(answer: Result<Holding<T>, NodeFailure>) -> Self {
         match answer {
-            Ok(Ok(Holding::Ours(value))) => Self::Yes(value),
-            Ok(Ok(Holding::Missing)) => Self::No(NodeFailure::Missing),
-            Ok(Ok(Holding::Foreign)) => Self::No(NodeFailure::Refused),
-            Ok(Err(err)) => Self::Failed(NodeFailure::from(err)),
-            Err(_) => Self::Failed(NodeFailure::TimedOut(limit)),
+            Ok(Holding::Ours(value)) => Self::Yes(value),
+            Ok(Holding::Missing) => Self::No(NodeFailure::Missing),
+            Ok(Holding::Foreign) => Self::No(NodeFailure::Refused),
+            Err(failure) => Self::Failed(failure),
         }
     }
 
@@ -705,7 +780,7 @@ struct VoteSender {
 }
 
 impl VoteSender {
-    fn send(self, vote: Vote<()>) -> bool {
+    fn send(&self, vote: Vote<()>) -> bool {
         self.votes.send((self.index, vote)).is_ok()
     }
 }
@@ -715,7 +790,7 @@ struct VerdictReceiver(watch::Receiver<Verdict>);
 
 impl VerdictReceiver {
     /// The verdict once it is known; `Failure` when the caller went away before deciding.
-    async fn wait(mut self) -> Verdict {
+    async fn wait(&mut self) -> Verdict {
         match self.0.wait_for(|v| *v != Verdict::Pending).await {
             Ok(verdict) => *verdict,
             Err(_) => Verdict::Failure,

@@ -105,6 +105,35 @@ pub(crate) struct OwnedClaim {
 }
 
 impl OwnedClaim {
+    /// What a release of this lock needs, for keeping until it can be sent (see
+    /// `health.rs`): its keys, owner and modes. Without modes the value is cut to the owner
+    /// tag, since the release script finds a key ours by its tag (see `lua/owner.lua`): the
+    /// metadata need not be kept. (A shared member is found by its whole value.)
+    pub(crate) fn to_release(&self) -> Self {
+        let value = match self.modes {
+            Some(_) => self.value.clone(),
+            None => self.owner.value("").into_owned(),
+        };
+        Self {
+            keys: self.keys.clone(),
+            owner: self.owner.clone(),
+            value,
+            ttl: self.ttl,
+            counter: None,
+            modes: self.modes.clone(),
+            ticket: None,
+        }
+    }
+
+    /// About how many bytes this claim takes: its keys and value, and a fixed allowance for
+    /// the rest.
+    pub(crate) fn size(&self) -> usize {
+        const FIXED: usize = 256;
+        const PER_KEY: usize = 32;
+        let keys: usize = self.keys.iter().map(|key| key.len() + PER_KEY).sum();
+        FIXED + keys + self.value.len() + self.owner.value("").len()
+    }
+
     pub(crate) fn claim(&self) -> Claim<'_> {
         Claim {
             keys: &self.keys,

@@ -690,6 +690,23 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             .await
     }
 
+    /// A release owed to a Redlock master that stopped answering, sent once it answers
+    /// again (see `health.rs`): by hash (its sender awaits the reload after NOSCRIPT), and
+    /// announced to the keys' waiters, as [`Store::release_by_eval`] is.
+    pub(crate) async fn release_owed(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
+        self.release_sent(claim, Some(""), Sending::ByHash, false)
+            .await
+    }
+
+    /// Whether the server answers: `PING`, answered after everything sent before it on the
+    /// connection.
+    pub(crate) async fn ping(&self) -> Result<()> {
+        let _: Value = redis::cmd("PING")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
     /// The clean-up after an obtain whose caller went away or got no reply, sent as
     /// [`Store::release_by_eval`] is: a random token releases its keys and leaves its
     /// queues; a caller's own token only leaves its queues, since the keys it holds may be

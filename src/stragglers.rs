@@ -20,6 +20,8 @@
 //!   limit), as it always did.
 //! - A TTL query asks each master once the lock's writes there are done: a refresh still on
 //!   its way there would otherwise be answered with the old TTL.
+//! - Whether any write of the lock was ever sent to a master: a master that stopped
+//!   answering is owed the release of a lock only if it may hold it (see `health.rs`).
 
 use std::sync::Arc;
 
@@ -33,6 +35,8 @@ pub(crate) struct Stragglers {
 struct State {
     /// Per master, the writes under way there.
     writes: Box<[usize]>,
+    /// Per master, whether a write of the lock may have reached it.
+    sent: Box<[bool]>,
     released: bool,
 }
 
@@ -43,9 +47,20 @@ pub(crate) struct Writing {
 }
 
 impl Stragglers {
+    /// For a lock whose writes are not known (adopted): any master may hold it.
     pub(crate) fn new(masters: usize) -> Arc<Self> {
+        Self::with_sent(masters, true)
+    }
+
+    /// For a lock about to be obtained: no master holds it yet.
+    pub(crate) fn unsent(masters: usize) -> Arc<Self> {
+        Self::with_sent(masters, false)
+    }
+
+    fn with_sent(masters: usize, sent: bool) -> Arc<Self> {
         let state = State {
             writes: vec![0; masters].into_boxed_slice(),
+            sent: vec![sent; masters].into_boxed_slice(),
             released: false,
         };
         Arc::new(Self {
@@ -69,6 +84,15 @@ impl Stragglers {
         })
     }
 
+    /// Whether a write of the lock may have reached `master`.
+    pub(crate) fn ever_sent(&self, master: usize) -> bool {
+        self.state
+            .borrow()
+            .sent
+            .get(master)
+            .is_none_or(|sent| *sent)
+    }
+
     /// The release starts: no write registers from now on.
     pub(crate) fn release(&self) {
         self.state.send_modify(|state| state.released = true);
@@ -89,6 +113,20 @@ impl Stragglers {
         let _ = state
             .wait_for(|state| state.writes.iter().all(|n| *n == 0))
             .await;
+    }
+}
+
+impl Writing {
+    /// The write went out (or may have): the master may hold the lock.
+    pub(crate) fn sent(&self) {
+        let master = self.master;
+        // Nobody waits for this: no need to wake the watchers.
+        self.stragglers.state.send_if_modified(|state| {
+            if let Some(sent) = state.sent.get_mut(master) {
+                *sent = true;
+            }
+            false
+        });
     }
 }
 

@@ -56,10 +56,7 @@ impl Tasks {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let runtime = match self.0.runtime.get() {
-            Some(runtime) => runtime.clone(),
-            None => Handle::try_current().ok()?,
-        };
+        let runtime = self.runtime()?;
         self.0.running.fetch_add(1, Ordering::SeqCst);
         // Counted down when the task ends, however it ends (done, panicked or aborted).
         let running = Running(self.0.clone());
@@ -67,6 +64,23 @@ impl Tasks {
             let _running = running;
             task.await;
         }))
+    }
+
+    /// Spawns `task` where [`Tasks::spawn`] would, without counting it: a task that may
+    /// last as long as the client (a Redlock master's probe, see `health.rs`).
+    pub(crate) fn spawn_uncounted<F>(&self, task: F) -> Option<JoinHandle<()>>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        Some(self.runtime()?.spawn(task))
+    }
+
+    /// The client's own runtime, if it has one, else the current tokio runtime.
+    fn runtime(&self) -> Option<Handle> {
+        match self.0.runtime.get() {
+            Some(runtime) => Some(runtime.clone()),
+            None => Handle::try_current().ok(),
+        }
     }
 }
 

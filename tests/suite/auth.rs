@@ -181,3 +181,30 @@ fn rotate_password(port: u16, old: &str, new: &str) {
         &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
     );
 }
+
+/// A server whose scripts are renamed away (`rename-command`) answers a release with
+/// "unknown command", echoing its arguments: the lock's value, token included. No error the
+/// library returns shows a token (the command line prints them on stderr).
+#[tokio::test]
+async fn a_server_error_that_echoes_the_arguments_never_shows_the_token() {
+    let renamed = [
+        "--rename-command",
+        "EVALSHA",
+        "",
+        "--rename-command",
+        "EVAL",
+        "",
+    ];
+    let server = RedisServer::start_with(None, &renamed);
+    let client = Client::connect(&server.url()).await.unwrap();
+    let options = Options::default().metadata("meta");
+    let lock = client.obtain("k", ms(10_000), &options).await.unwrap();
+    let token = lock.token().to_owned();
+    let err = lock.release().await.unwrap_err();
+    let (shown, debug) = (err.to_string(), format!("{err:?}"));
+    assert!(shown.contains("unknown command"), "{shown}");
+    assert!(
+        !shown.contains(&token) && !debug.contains(&token),
+        "{shown} / {debug}"
+    );
+}

@@ -144,3 +144,38 @@ async fn a_fractional_millisecond_ttl_rounds_up() {
     assert!(text.contains("\"PX\""), "{text}");
     assert!(text.contains("\"2\""), "expected PX 2 in {text}");
 }
+
+/// Metadata is stored in every key of a lock: past [`MAX_METADATA`] bytes it is refused
+/// before anything is sent (obtain, adopt, refresh), and the lock keeps what it had. (10 MB
+/// on 10 keys raised a server's memory by 120 MB, and the next release timed out.)
+#[tokio::test]
+async fn metadata_over_the_limit_is_refused_before_sending() {
+    use lockset::MAX_METADATA;
+    let env = Env::start().await;
+    let client = &env.client;
+    let big = Options::default().metadata("m".repeat(MAX_METADATA + 1));
+    let start = tokio::time::Instant::now();
+    assert_eq!(
+        invalid(client.obtain_multi(["a", "b"], ms(10_000), &big).await),
+        InvalidInput::MetadataTooLong {
+            len: MAX_METADATA + 1,
+            max: MAX_METADATA
+        }
+    );
+    let adopt = big.clone().token("mine");
+    assert!(matches!(
+        invalid(client.adopt(["a"], ms(10_000), &adopt).await),
+        InvalidInput::MetadataTooLong { .. }
+    ));
+    assert!(start.elapsed() < ms(100), "{:?}", start.elapsed());
+    assert_nothing_sent(&env).await;
+    // At the limit, it is stored; a refresh past it changes nothing.
+    let at_limit = Options::default().metadata("m".repeat(MAX_METADATA));
+    let lock = client.obtain("a", ms(10_000), &at_limit).await.unwrap();
+    assert!(matches!(
+        invalid(lock.refresh(ms(20_000), &big).await),
+        InvalidInput::MetadataTooLong { .. }
+    ));
+    assert_eq!(lock.metadata().len(), MAX_METADATA);
+    lock.release().await.unwrap();
+}

@@ -188,3 +188,137 @@ impl Cycles {
         }
     }
 }
+
+/// What [`pause_under_load`] measured: background tasks before, during (the most seen), in
+/// the pause's steady state (the median of those seen from `settled` into it on: a live
+/// master that misses a deadline on a loaded machine has every operation's task wait out one
+/// per-node limit, which the most seen would show) and after it; the
+/// process's resident memory (KiB) before, during (the most), and after; the lock cycles
+/// run, and how long after its resume the paused master was left with no released lock.
+#[derive(Debug)]
+pub struct PauseReport {
+    pub cycles: u64,
+    pub failed: u64,
+    pub tasks: [usize; 4],
+    pub rss_kib: [u64; 3],
+    /// How many keys the resumed master held once it had answered everything sent before
+    /// its resume, and when it held none (`None`: still some at the bound).
+    pub stale_at_resume: i64,
+    pub cleared_after: Option<std::time::Duration>,
+    /// When the resumed master had answered everything sent before its resume.
+    pub caught_up_after: std::time::Duration,
+}
+
+/// Runs `workers` tasks of lock cycles on distinct keys (obtain for `ttl`, release at once)
+/// against `m.redlock`, each lock with 8 KiB of metadata (so that a few seconds' traffic
+/// fills the paused master's socket buffers, as minutes of small locks do), pauses master `paused` (SIGSTOP) for `pause` under that load, stops
+/// the load, resumes the master, and waits until it answered everything sent before (an
+/// obtain by its own client, on the same connection, answers after the backlog). Then it
+/// must hold no lock within `bound` of the resume: every lock was released everywhere else.
+pub async fn pause_under_load(
+    m: &Masters,
+    paused: usize,
+    pause: std::time::Duration,
+    workers: usize,
+    ttl: std::time::Duration,
+    settled: std::time::Duration,
+    bound: std::time::Duration,
+) -> PauseReport {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use tokio::time::Instant;
+
+    // Scripts loaded and run ids known everywhere, nothing left under way.
+    Cycles::run(&m.redlock, "warm", 3).await;
+    tokio::time::timeout(super::ms(10_000), m.redlock.background_idle())
+        .await
+        .expect("background tasks after warm-up");
+    let before = (m.redlock.background_tasks(), super::resident_kib());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (cycles, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let options = Options::default()
+        .retry(Retry::linear(super::ms(5)))
+        .timeout(super::ms(5_000))
+        .metadata("m".repeat(8 * 1024));
+    let load: Vec<_> = (0..workers)
+        .map(|worker| {
+            let (redlock, options) = (m.redlock.clone(), options.clone());
+            let (stop, cycles, failed) = (stop.clone(), cycles.clone(), failed.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Relaxed) {
+                    n += 1;
+                    let key = format!("load:{worker}:{n}");
+                    let done = match redlock.obtain(&key, ttl, &options).await {
+                        Ok(lock) => lock.release().await.is_ok(),
+                        Err(_) => false,
+                    };
+                    let counter = if done { &cycles } else { &failed };
+                    counter.fetch_add(1, Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(super::ms(300)).await;
+    m.servers[paused].pause();
+    let (mut during, mut steady) = ((0, 0), Vec::new());
+    let mut samples = tokio::time::interval(super::ms(100));
+    let paused_at = Instant::now();
+    while paused_at.elapsed() < pause {
+        samples.tick().await;
+        let tasks = m.redlock.background_tasks();
+        during.0 = during.0.max(tasks);
+        during.1 = during.1.max(super::resident_kib());
+        if paused_at.elapsed() >= settled {
+            steady.push(tasks);
+        }
+    }
+    stop.store(true, Relaxed);
+    for worker in load {
+        worker.await.expect("load task");
+    }
+    m.servers[paused].resume();
+    let resumed = Instant::now();
+    // Answered once everything sent before it on that connection was.
+    let lock = m.nodes[paused]
+        .obtain("after-resume", super::ms(10_000), &Options::default())
+        .await
+        .expect("the resumed master answers");
+    lock.release().await.expect("release on the resumed master");
+    let caught_up_after = resumed.elapsed();
+    let mut stale_at_resume = None;
+    let cleared_after = loop {
+        let size: i64 = m.cmd(paused, &["DBSIZE"]).await;
+        stale_at_resume.get_or_insert(size);
+        if size == 0 {
+            break Some(resumed.elapsed());
+        }
+        if resumed.elapsed() > bound {
+            break None;
+        }
+        tokio::time::sleep(super::ms(5)).await;
+    };
+    tokio::time::timeout(super::ms(20_000), m.redlock.background_idle())
+        .await
+        .expect("background tasks after the resume");
+    PauseReport {
+        cycles: cycles.load(Relaxed),
+        failed: failed.load(Relaxed),
+        tasks: [
+            before.0,
+            during.0,
+            median(steady),
+            m.redlock.background_tasks(),
+        ],
+        rss_kib: [before.1, during.1, super::resident_kib()],
+        stale_at_resume: stale_at_resume.unwrap_or(0),
+        cleared_after,
+        caught_up_after,
+    }
+}
+
+/// The median of `samples` (0 for none).
+fn median(mut samples: Vec<usize>) -> usize {
+    samples.sort_unstable();
+    samples.get(samples.len() / 2).copied().unwrap_or(0)
+}

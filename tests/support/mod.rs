@@ -90,6 +90,20 @@ impl Env {
         self.calls("evalsha").await
     }
 
+    /// How long the server spent running scripts so far (EVALSHA and EVAL, from INFO
+    /// commandstats): its own time, whatever the clients' side took.
+    pub async fn script_time(&self) -> Duration {
+        let info: String = self.cmd(&["INFO", "commandstats"]).await;
+        let usec = |command: &str| {
+            let prefix = format!("cmdstat_{command}:");
+            info.lines()
+                .find_map(|line| line.strip_prefix(&prefix))
+                .and_then(|rest| rest.split(',').find_map(|f| f.strip_prefix("usec=")))
+                .map_or(0, |n| n.parse::<u64>().expect("usec"))
+        };
+        Duration::from_micros(usec("evalsha") + usec("eval"))
+    }
+
     /// How many times the server ran `command` (from INFO commandstats).
     pub async fn calls(&self, command: &str) -> u64 {
         let info: String = self.cmd(&["INFO", "commandstats"]).await;
@@ -309,4 +323,15 @@ pub fn slow_scenario(test: &str, waits: &str) -> bool {
 
 pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
+}
+
+/// The process's resident memory in KiB (`VmRSS`).
+pub fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok())
+        .expect("VmRSS in /proc/self/status")
 }
