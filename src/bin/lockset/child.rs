@@ -58,7 +58,9 @@ impl Command {
     pub(crate) fn signal(&self, signal: Signal) {
         match killpg(self.group, signal) {
             Ok(()) | Err(Errno::ESRCH) => {}
-            Err(err) => tracing::warn!(%err, ?signal, "cannot signal the command"),
+            Err(err) => {
+                tracing::warn!(target: crate::ui::LOG, %err, ?signal, "cannot signal the command")
+            }
         }
     }
 

@@ -312,7 +312,7 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
         return Err(Failure::new(UNAVAILABLE, message));
     }
     for line in &down {
-        tracing::warn!("Redis master unreachable, the others make a majority: {line}");
+        tracing::warn!(target: crate::ui::LOG, "Redis master unreachable, the others make a majority: {line}");
     }
     let mut masters = Vec::with_capacity(clients.len());
     let mut nodes = Vec::with_capacity(clients.len());

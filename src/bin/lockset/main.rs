@@ -168,7 +168,7 @@ async fn connect_within(
                     && failure.code() == Some(exit::UNAVAILABLE)
                     && tokio::time::Instant::now() + CONNECT_PAUSE < deadline =>
             {
-                tracing::info!(?failure, "the deployment is not ready; trying again");
+                tracing::info!(target: crate::ui::LOG, ?failure, "the deployment is not ready; trying again");
                 tokio::time::sleep(CONNECT_PAUSE).await;
             }
             outcome => return outcome,
@@ -248,7 +248,7 @@ where
 {
     let idle = redis.client.background_idle();
     if tokio::time::timeout(SETTLE, idle).await.is_err() {
-        tracing::warn!(
+        tracing::warn!(target: crate::ui::LOG,
             tasks = redis.client.background_tasks(),
             "exiting with background work unfinished"
         );

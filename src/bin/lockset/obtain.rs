@@ -72,14 +72,14 @@ where
             event = signals.next() => match event {
                 Event::End(signal) => {
                     waiting.finish();
-                    tracing::info!(?signal, "stopped waiting");
+                    tracing::info!(target: crate::ui::LOG, ?signal, "stopped waiting");
                     return Err(Failure::silent(exit::of_signal(signal as i32)));
                 }
                 // Nothing runs yet: stop as the signal's default disposition would.
                 Event::Stop(signal) => {
-                    tracing::info!(?signal, "stopping");
+                    tracing::info!(target: crate::ui::LOG, ?signal, "stopping");
                     if let Err(err) = signals.stop_self().await {
-                        tracing::warn!(%err, "cannot stop lockset");
+                        tracing::warn!(target: crate::ui::LOG, %err, "cannot stop lockset");
                     }
                 }
                 Event::Continue | Event::Child => {}
@@ -89,7 +89,7 @@ where
     waiting.finish();
     match obtained {
         Ok(lock) => {
-            tracing::info!(keys = keys.len(), "obtained");
+            tracing::info!(target: crate::ui::LOG, keys = keys.len(), "obtained");
             Ok(lock)
         }
         Err(err) if exit::is_conflict(&err) => Err(conflict(redis, keys, args).await),

@@ -86,7 +86,7 @@ where
             return Err(Failure::cannot_run(program, &err));
         }
     };
-    tracing::info!(command = ?args.command, "started");
+    tracing::info!(target: crate::ui::LOG, command = ?args.command, "started");
     let lost = guard.lost_signal();
     let supervisor = Supervisor {
         guard: &guard,
@@ -109,7 +109,7 @@ where
             finish(guard, code, ui).await
         }
         Ended::Lost(phase) => {
-            tracing::info!(?phase, "lock lost: stopping the command");
+            tracing::info!(target: crate::ui::LOG, ?phase, "lock lost: stopping the command");
             // Look at the keys while the command stops, before anyone else changes them.
             let ((_, killed), why) = tokio::join!(
                 command.terminate(args.kill_after),
@@ -167,7 +167,7 @@ where
                 () = self.lost.lost() => return Ended::Lost(Phase::Running),
                 event = signals.next() => match event {
                     Event::End(signal) => {
-                        tracing::info!(?signal, "forwarding to the command");
+                        tracing::info!(target: crate::ui::LOG, ?signal, "forwarding to the command");
                         command.forward(signal);
                     }
                     Event::Stop(signal) => {
@@ -194,13 +194,13 @@ where
         signals: &mut Signals,
         signal: Signal,
     ) -> bool {
-        tracing::info!(?signal, "stopping the command, then lockset");
+        tracing::info!(target: crate::ui::LOG, ?signal, "stopping the command, then lockset");
         command.stop();
         command.until_stopped(STOP_WITHIN).await;
         if let Err(err) = signals.stop_self().await {
-            tracing::warn!(%err, "cannot stop lockset");
+            tracing::warn!(target: crate::ui::LOG, %err, "cannot stop lockset");
         }
-        tracing::info!("continued: checking the lock before the command goes on");
+        tracing::info!(target: crate::ui::LOG, "continued: checking the lock before the command goes on");
         if !self.still_held().await {
             return false;
         }
@@ -225,8 +225,12 @@ where
         match refreshed {
             Ok(Ok(())) => {}
             Ok(Err(err)) if err.is_not_obtained() => return false,
-            Ok(Err(err)) => tracing::warn!(%err, "refresh after a stop failed"),
-            Err(_) => tracing::warn!("refresh after a stop did not finish in time"),
+            Ok(Err(err)) => {
+                tracing::warn!(target: crate::ui::LOG, %err, "refresh after a stop failed")
+            }
+            Err(_) => {
+                tracing::warn!(target: crate::ui::LOG, "refresh after a stop did not finish in time")
+            }
         }
         self.guard.valid_until() > Instant::now()
     }

@@ -70,7 +70,7 @@ impl Signals {
         let mut streams = Vec::with_capacity(CAUGHT.len());
         for caught in CAUGHT {
             if ignored.contains(&caught) {
-                tracing::debug!(signal = ?caught, "ignored when started: left ignored");
+                tracing::debug!(target: crate::ui::LOG, signal = ?caught, "ignored when started: left ignored");
                 continue;
             }
             streams.push((caught, signal(SignalKind::from_raw(caught as i32))?));
@@ -154,7 +154,7 @@ pub(crate) fn shield_writes() {
         let mut set = SigSet::empty();
         set.add(Signal::SIGTTOU);
         if let Err(err) = set.thread_block() {
-            tracing::debug!(%err, "cannot block SIGTTOU");
+            tracing::debug!(target: crate::ui::LOG, %err, "cannot block SIGTTOU");
         }
     }
 }

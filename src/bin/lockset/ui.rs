@@ -9,6 +9,9 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
+/// The target of the command's own log lines (the library's are `lockset::...`).
+pub(crate) const LOG: &str = "lockset_cli";
+
 /// How much to say, from `-q` and `-v`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ui {
@@ -27,12 +30,20 @@ impl Ui {
         }
     }
 
-    /// Sends `tracing` logs to stderr: errors only by default (what happened is said by
-    /// `lockset`'s own lines, such as "the lock was lost"; a log line with a timestamp beside
-    /// them only repeats it), warnings and info with `-v` (a failed watchdog refresh, a
-    /// sentinel that disagrees), debug with `-vv`, trace with `-vvv`. Other crates' logs stay
-    /// at warnings until `-vvv`.
+    /// Sends `tracing` logs to stderr: the command's own warnings (a Redlock master down,
+    /// background work unfinished at exit) and the library's errors by default; the
+    /// library's warnings and info with `-v` (a failed watchdog refresh, a sentinel that
+    /// disagrees: what happened to the lock is said by `lockset`'s own lines, and a log
+    /// line with a timestamp beside them only repeated it), debug with `-vv`, trace with
+    /// `-vvv`; errors only with `-q`. Other crates' logs stay at warnings until `-vvv`.
     pub(crate) fn init_logs(self) {
+        let own = match (self.quiet, self.verbose) {
+            (true, _) => LevelFilter::ERROR,
+            (false, 0) => LevelFilter::WARN,
+            (false, 1) => LevelFilter::INFO,
+            (false, 2) => LevelFilter::DEBUG,
+            (false, _) => LevelFilter::TRACE,
+        };
         let level = match (self.quiet, self.verbose) {
             (true, _) | (false, 0) => LevelFilter::ERROR,
             (false, 1) => LevelFilter::INFO,
@@ -46,6 +57,7 @@ impl Ui {
         };
         let filter = Targets::new()
             .with_target("lockset", level)
+            .with_target(LOG, own)
             .with_default(others);
         let logs = tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
@@ -107,7 +119,7 @@ impl Waiting {
             }
             Self::Log(last) => {
                 if last.as_deref() != Some(what) {
-                    tracing::info!("{what}{left}");
+                    tracing::info!(target: crate::ui::LOG, "{what}{left}");
                     *last = Some(what.to_owned());
                 }
             }
