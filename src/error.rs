@@ -355,8 +355,16 @@ pub(crate) fn redact(err: redis::RedisError) -> redis::RedisError {
 }
 
 /// `text` with every quoted lock value replaced by `<redacted>`; `None` when it quotes none.
+/// Redis 7 quotes arguments with `'`, Redis 6.2 with a backtick.
 fn redact_values(text: &str) -> Option<String> {
-    let mut parts: Vec<&str> = text.split('\'').collect();
+    let single = redact_quoted(text, '\'');
+    let both = redact_quoted(single.as_deref().unwrap_or(text), '`');
+    both.or(single)
+}
+
+/// `text` with every lock value quoted by `quote` replaced; `None` when it quotes none.
+fn redact_quoted(text: &str, quote: char) -> Option<String> {
+    let mut parts: Vec<&str> = text.split(quote).collect();
     let mut found = false;
     // Quoted parts are the odd ones.
     for part in parts.iter_mut().skip(1).step_by(2) {
@@ -365,7 +373,7 @@ fn redact_values(text: &str) -> Option<String> {
             found = true;
         }
     }
-    found.then(|| parts.join("'"))
+    found.then(|| parts.join(&quote.to_string()))
 }
 
 /// Whether `text` starts as a lock's value does: its owner tag's length, then a colon.
@@ -634,5 +642,14 @@ mod tests {
         );
         assert!(shown.contains("'k' '<redacted>' '<redacted>'"), "{shown}");
         assert_eq!(err.code(), Some("ERR"));
+        // Redis 6.2 quotes with backticks.
+        let line = b"-ERR unknown command `EVALSHA`, with args beginning with: `f00`, `1`, \
+            `k`, `22:AAAAAAAAAAAAAAAAAAAAAAmeta`, `10000`, \r\n";
+        let Ok(Err(err)) = redis::parse_redis_value(line).map(redis::Value::extract_error) else {
+            panic!("not a server error");
+        };
+        let shown = format!("{}", redact(err));
+        assert!(!shown.contains("AAAA"), "{shown}");
+        assert!(shown.contains("`k`, `<redacted>`"), "{shown}");
     }
 }

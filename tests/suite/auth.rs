@@ -197,14 +197,26 @@ async fn a_server_error_that_echoes_the_arguments_never_shows_the_token() {
     ];
     let server = RedisServer::start_with(None, &renamed);
     let client = Client::connect(&server.url()).await.unwrap();
-    let options = Options::default().metadata("meta");
-    let lock = client.obtain("k", ms(10_000), &options).await.unwrap();
-    let token = lock.token().to_owned();
-    let err = lock.release().await.unwrap_err();
+    let options = Options::default().metadata("meta-marker");
+    // Redis 7 obtains a single key without a script (SET NX GET); before, the obtain needs
+    // one too, and its own error must not show the value either.
+    let (err, token) = match client.obtain("k", ms(10_000), &options).await {
+        Ok(lock) => {
+            let token = lock.token().to_owned();
+            (lock.release().await.unwrap_err(), Some(token))
+        }
+        Err(err) => (err, None),
+    };
     let (shown, debug) = (err.to_string(), format!("{err:?}"));
     assert!(shown.contains("unknown command"), "{shown}");
     assert!(
-        !shown.contains(&token) && !debug.contains(&token),
+        !shown.contains("meta-marker") && !debug.contains("meta-marker"),
         "{shown} / {debug}"
     );
+    if let Some(token) = token {
+        assert!(
+            !shown.contains(&token) && !debug.contains(&token),
+            "{shown} / {debug}"
+        );
+    }
 }
