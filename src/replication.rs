@@ -35,8 +35,8 @@
 //! `WAIT` is not consensus: a replica that did not acknowledge can still be promoted (when
 //! the ones that did are down too), and then the lock is lost as without it.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::{Cmd, Pipeline};
@@ -197,15 +197,22 @@ const RECOUNT_EVERY: Duration = Duration::from_secs(5);
 /// A replica's address, as its primary lists it.
 pub(crate) type Address = (String, u16);
 
-/// What a deployment that names its primary (Sentinel) says of the replicas: how many it
+/// What a deployment that names its primary (Sentinel) says of the replicas: those it
 /// could promote, for the primary of one lookup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Promotable {
     /// Changes with every lookup of the primary (a new one, or the same one connected
     /// again).
     pub(crate) generation: u64,
-    /// How many replicas could be promoted: every one must acknowledge a write.
-    pub(crate) replicas: u32,
+    /// The replicas that could be promoted: every one must acknowledge a write.
+    pub(crate) replicas: Arc<[Address]>,
+}
+
+impl Promotable {
+    /// How many replicas could be promoted.
+    fn count(&self) -> u32 {
+        u32::try_from(self.replicas.len()).unwrap_or(u32::MAX)
+    }
 }
 
 /// One server's replicated writes: the settings, and how many replicas they wait for now.
@@ -254,29 +261,44 @@ impl Replicated {
             return;
         }
         let mut promotable = lock(&self.promotable);
-        match *promotable {
+        let count = now.count();
+        match &*promotable {
             Some(before) if before.generation != now.generation => {
-                let was = self.needed.swap(now.replicas.max(1), Ordering::Relaxed);
+                let was = self.needed.swap(count.max(1), Ordering::Relaxed);
                 lock(&self.known).clear();
-                if was != now.replicas.max(1) {
+                if was != count.max(1) {
                     tracing::info!(
                         before = was,
-                        now = now.replicas.max(1),
+                        now = count.max(1),
                         "a new primary: locks wait for the replicas the sentinels could promote"
                     );
                 }
             }
             // The primary the count was made on: it only grows.
             _ => {
-                self.needed.fetch_max(now.replicas, Ordering::Relaxed);
+                self.needed.fetch_max(count, Ordering::Relaxed);
             }
         }
         *promotable = Some(now);
     }
 
-    /// The fewest replicas the count may shrink to: what the deployment could promote.
-    fn floor(&self) -> u32 {
-        lock(&self.promotable).map_or(1, |p| p.replicas).max(1)
+    /// How many acknowledgements a write needs on a primary that lists `replicas`, behind a
+    /// deployment that names the replicas it could promote: every replica in either. `WAIT`
+    /// counts acknowledgements from any replica, so one the sentinels do not count (a
+    /// reporting replica, one just added) could stand in for a promotable one that is gone
+    /// (being promoted, in a planned failover): only a count of both together makes sure
+    /// every promotable one acknowledged. 0 without a deployment.
+    pub(crate) fn requirement(&self, replicas: &Replicas) -> u32 {
+        let promotable = lock(&self.promotable);
+        let Some(promotable) = promotable.as_ref() else {
+            return 0;
+        };
+        let extra = replicas
+            .listed
+            .iter()
+            .filter(|listed| !promotable.replicas.contains(listed))
+            .count();
+        u32::try_from(extra + promotable.replicas.len()).unwrap_or(u32::MAX)
     }
 
     pub(crate) fn settings(&self) -> &Replication {
@@ -305,7 +327,11 @@ impl Replicated {
     /// the replicas in sync at once (a replica that just caught up may be promoted next),
     /// and every replica listed is remembered.
     pub(crate) fn saw(&self, replicas: &Replicas) {
-        self.needed.fetch_max(replicas.in_sync, Ordering::Relaxed);
+        if !self.settings.follows_replicas() {
+            return;
+        }
+        let needed = replicas.in_sync.max(self.requirement(replicas));
+        self.needed.fetch_max(needed, Ordering::Relaxed);
         let mut known = lock(&self.known);
         for address in &replicas.listed {
             if !known.contains(address) {
@@ -356,7 +382,7 @@ impl Replicated {
     /// missing replicas are none of them a primary.
     pub(crate) fn counted(&self, replicas: Option<&Replicas>, may_shrink: bool) {
         if let Some(replicas) = replicas {
-            let in_sync = replicas.in_sync.max(self.floor());
+            let in_sync = replicas.in_sync.max(self.requirement(replicas)).max(1);
             if may_shrink {
                 let before = self.needed.swap(in_sync, Ordering::Relaxed);
                 *lock(&self.known) = replicas.listed.clone();
@@ -582,6 +608,38 @@ mod tests {
         let fixed = Replicated::new(Replication::replicas(2), &synced(&[1, 2, 3, 4, 5]));
         assert!(!fixed.start_count(true));
         assert_eq!(fixed.needed(), 2);
+    }
+
+    fn promotable(generation: u64, ports: &[u16]) -> Promotable {
+        let replicas: Vec<Address> = ports.iter().map(|p| ("127.0.0.1".to_owned(), *p)).collect();
+        Promotable {
+            generation,
+            replicas: replicas.into(),
+        }
+    }
+
+    /// A planned failover with a replica the sentinels do not count (a reporting replica,
+    /// or one just added): the sentinels could promote 1 and 2, 1 is being promoted, the
+    /// old primary lists 2 and 9. Two acknowledgements (from 2 and 9) would not mean 1 had
+    /// the write: every replica in either list must acknowledge.
+    #[test]
+    fn a_replica_the_sentinels_do_not_count_never_stands_in_for_one_they_could_promote() {
+        let all = Replicated::new(Replication::all(), &synced(&[2, 9]));
+        all.follow(promotable(1, &[1, 2]));
+        let listed = synced(&[2, 9]);
+        assert_eq!(all.requirement(&listed), 3);
+        all.saw(&listed);
+        assert_eq!(all.needed(), 3);
+        // A fixed count is the caller's choice.
+        let fixed = Replicated::new(Replication::replicas(1), &synced(&[2, 9]));
+        fixed.follow(promotable(1, &[1, 2]));
+        fixed.saw(&listed);
+        assert_eq!(fixed.requirement(&listed), 0);
+        assert_eq!(fixed.needed(), 1);
+        // A new primary starts again from what the sentinels could promote for it.
+        all.follow(promotable(2, &[2]));
+        assert_eq!(all.needed(), 1);
+        assert_eq!(all.requirement(&synced(&[2])), 1);
     }
 
     #[test]

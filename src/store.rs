@@ -227,6 +227,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         let replicated = Replicated::new(replication, replicas);
         if let Some(promotable) = self.deployment.get().and_then(|d| d.promotable()) {
             replicated.follow(promotable);
+            replicated.saw(replicas);
         }
         Arc::new(replicated)
     }
@@ -805,7 +806,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         // wait come back too: one that caught up counts from the next write on. (A cluster
         // counts its shards apart from writes.)
         let look = replicated.settings().follows_replicas() && !self.is_cluster();
-        let (mut pipe, required) = replicated.pipeline(cmd, look);
+        let (mut pipe, mut required) = replicated.pipeline(cmd, look);
         // The write's own error (WRONGTYPE, NOSCRIPT, ...) is reported as it would be alone.
         pipe.ignore_errors();
         let mut replies: Vec<Value> = pipe.query_async(&mut conn).await?;
@@ -814,7 +815,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 .get(2)
                 .and_then(|info| redis::from_redis_value_ref::<String>(info).ok())
         {
-            replicated.saw(&Replicas::parse(&info));
+            let replicas = Replicas::parse(&info);
+            replicated.saw(&replicas);
+            // Judged by the replicas the primary listed right after its wait too: one the
+            // deployment could not promote may have acknowledged in place of one it could
+            // (see `Replicated::requirement`), the first write on a new primary included.
+            required = required.max(replicated.requirement(&replicas));
         }
         let mut replies = replies.drain(..);
         let (Some(reply), Some(acks)) = (replies.next(), replies.next()) else {

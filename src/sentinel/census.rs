@@ -95,8 +95,8 @@ pub(crate) struct Elected {
     /// Some sentinel leads a failover to another address now: the elected primary is
     /// about to be replaced (its writes may be lost with it).
     pub(crate) failing_over: bool,
-    /// The most replicas an agreeing sentinel lists as promotable.
-    pub(crate) replicas: u32,
+    /// Every replica an agreeing sentinel lists as promotable.
+    pub(crate) replicas: Vec<Address>,
     /// What the agreeing sentinels know of its past.
     pub(crate) witness: Witness,
 }
@@ -154,7 +154,12 @@ impl Census {
         let ((host, port), agreeing) = votes
             .into_iter()
             .find(|(_, agreeing)| agreeing.len() >= self.majority())?;
-        let replicas = agreeing.iter().map(|s| s.replicas.len()).max().unwrap_or(0);
+        let mut replicas: Vec<Address> = Vec::new();
+        for replica in agreeing.iter().flat_map(|s| &s.replicas) {
+            if !replicas.contains(replica) {
+                replicas.push(replica.clone());
+            }
+        }
         Some(Elected {
             host: host.to_owned(),
             port,
@@ -163,7 +168,7 @@ impl Census {
             failing_over: self
                 .sightings()
                 .any(|(_, s)| s.failing_over && (s.host != host || s.port != port)),
-            replicas: u32::try_from(replicas).unwrap_or(u32::MAX),
+            replicas,
             witness: Witness {
                 sentinels_up: agreeing.iter().filter_map(|s| s.uptime).max(),
                 run_ids: agreeing

@@ -311,7 +311,7 @@ struct Primary {
     generation: u64,
     /// How many replicas the sentinels could promote (see `census.rs`): lock writes wait for
     /// each of them.
-    replicas: u32,
+    replicas: Arc<[Address]>,
     /// When it started, if it restarted without the locks it had (see `primary.rs`).
     restarted_empty: Option<Instant>,
 }
@@ -400,7 +400,7 @@ impl SentinelConnection {
             .as_ref()
             .map(|primary| Promotable {
                 generation: primary.generation,
-                replicas: primary.replicas,
+                replicas: primary.replicas.clone(),
             })
     }
 
@@ -480,7 +480,7 @@ impl Follower {
                 let address = Some((primary.host.clone(), primary.port));
                 let moved = std::mem::replace(&mut *lock(&self.last), address.clone()) != address;
                 if moved {
-                    tracing::info!(host = %primary.host, port = primary.port, epoch = primary.epoch, replicas = primary.replicas, "following the primary");
+                    tracing::info!(host = %primary.host, port = primary.port, epoch = primary.epoch, replicas = primary.replicas.len(), "following the primary");
                     self.changes.send_modify(|n| *n += 1);
                 }
                 if primary.restarted_empty.is_some() {
@@ -528,7 +528,7 @@ impl Follower {
             port: elected.port,
             epoch: elected.epoch,
             generation: self.lookups.fetch_add(1, Ordering::Relaxed) + 1,
-            replicas: elected.replicas,
+            replicas: elected.replicas.into(),
             restarted_empty: facts.restarted_empty,
         })
     }
@@ -718,7 +718,7 @@ impl Follower {
             self.changes.send_modify(|n| *n += 1);
             return false;
         }
-        primary.replicas = elected.replicas;
+        primary.replicas = elected.replicas.clone().into();
         true
     }
 
