@@ -1881,3 +1881,91 @@ fn a_run_without_the_double_dash_is_told_where_the_command_goes() {
     assert_eq!(out.code, Some(64), "{out:?}");
     assert!(out.stderr.contains("put the command after `--`"), "{out:?}");
 }
+
+/// The issue's own reproduction of a planned failover, with real `lockset run` processes:
+/// `SENTINEL FAILOVER`, then from the moment the chosen replica answers `ROLE master` a fresh
+/// `lockset run --ttl 30s --fencing KEY -- <3 s section>` every 100 ms for 14 s (locks
+/// work again about 10 s after the switch, once the old primary replicates the new one). Each
+/// section writes when it starts and ends (the wall clock, in ns) to a file of its own; a
+/// section the lock's loss cut short ends when its `lockset` exited. No two may overlap.
+/// `LOCKSET_TORTURE_TRIALS` sets the trials (default 1).
+#[test]
+fn a_planned_failover_never_runs_two_lockset_runs_at_once() {
+    use support::sentinel::{Failover, MASTER};
+
+    let trials: usize = std::env::var("LOCKSET_TORTURE_TRIALS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    for trial in 0..trials {
+        let failover = runtime.block_on(Failover::start(2));
+        let dir =
+            std::env::temp_dir().join(format!("lockset-planned-{}-{trial}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let old = failover.nodes[failover.primary()].port();
+        failover.fail_over_on_purpose();
+        while !failover
+            .nodes
+            .iter()
+            .any(|node| node.port() != old && failover.role(node.port()) == "master")
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let started = Instant::now();
+        let mut runs = Vec::new();
+        while started.elapsed() < Duration::from_secs(14) {
+            let file = dir.join(format!("run-{}", runs.len()));
+            let section = format!(
+                "echo start $(date +%s%N) >> {0}; sleep 3; echo end $(date +%s%N) >> {0}",
+                file.display()
+            );
+            let child = lockset_sentinel(&failover, MASTER)
+                .args(["run", "--ttl", "30s", "--fencing", "planned", "--"])
+                .args(["sh", "-c", &section])
+                .spawn()
+                .expect("start lockset");
+            runs.push((file, child));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let now_ns = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_nanos()
+        };
+        let mut sections = Vec::new();
+        for (file, child) in runs {
+            let finished = wait(child, Instant::now());
+            let exited = now_ns();
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            let stamp = |what: &str| {
+                text.lines()
+                    .find_map(|line| line.strip_prefix(what))
+                    .and_then(|n| n.trim().parse::<u128>().ok())
+            };
+            if let Some(start) = stamp("start ") {
+                let end = stamp("end ").unwrap_or(exited);
+                sections.push((start, end, file.display().to_string(), finished.code));
+            }
+        }
+        sections.sort();
+        for pair in sections.windows(2) {
+            assert!(
+                pair[0].1 <= pair[1].0,
+                "trial {trial}: {:?} and {:?} overlapped for {} ms",
+                pair[0],
+                pair[1],
+                (pair[0].1 - pair[1].0) / 1_000_000
+            );
+        }
+        assert!(!sections.is_empty(), "trial {trial}: no run got the lock");
+        eprintln!(
+            "TORTURE lockset run processes, planned failover, trial {trial}: {} sections, 0 overlaps",
+            sections.len()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
