@@ -41,6 +41,7 @@ fn lockset_via(wrapper: &[&str], urls: &[String]) -> Command {
         .env_remove("LOCKSET_TLS_CA_CERT")
         .env_remove("LOCKSET_TLS_CERT")
         .env_remove("LOCKSET_TLS_KEY")
+        .env_remove("LOCKSET_RESTART_GRACE")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

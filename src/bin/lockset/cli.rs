@@ -115,11 +115,18 @@ pub(crate) struct Global {
     pub(crate) master: Option<String>,
 
     /// How many replicas must acknowledge each obtain and refresh before it counts (Redis
-    /// WAIT, within 250 ms): then a failover to one of them keeps the lock. More than the
-    /// primary has connected is bad usage. [default: with --sentinel, every replica the
-    /// primary has in sync; else 0]
+    /// WAIT, within 250 ms): then a failover to one of them keeps the lock. Fewer connected
+    /// is "unavailable" (69), tried again within --wait. [default: with --sentinel, every
+    /// replica the primary lists and every one the sentinels could promote; else 0]
     #[arg(long, value_name = "N", global = true, help_heading = GLOBAL)]
     pub(crate) replicas: Option<u32>,
+
+    /// With --sentinel: the longest TTL any client of the deployment uses. A primary that
+    /// restarted without its data grants no lock until this long after its start (a lock it
+    /// forgot may be valid that long). [default: $LOCKSET_RESTART_GRACE, else each lock's
+    /// own --ttl]
+    #[arg(long, value_name = "DURATION", env = "LOCKSET_RESTART_GRACE", hide_env = true, value_parser = duration::non_negative, global = true, help_heading = GLOBAL)]
+    pub(crate) restart_grace: Option<std::time::Duration>,
 
     /// The certificate authorities (a PEM file) to trust for rediss:// servers and sentinels,
     /// instead of the system's roots. [default: $LOCKSET_TLS_CA_CERT]

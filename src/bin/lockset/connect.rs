@@ -119,6 +119,7 @@ pub(crate) fn sentinel_plan(
     sentinels: &[String],
     master: Option<&str>,
     replicas: Option<u32>,
+    restart_grace: Option<std::time::Duration>,
     tls: Option<Tls>,
 ) -> Result<Plan, Failure> {
     let master = master
@@ -156,6 +157,9 @@ pub(crate) fn sentinel_plan(
     let mut config = SentinelConfig::new(urls, name)
         .map_err(|err| bad("--sentinel URL", &err))?
         .replication(replicas.map_or_else(Replication::all, Replication::replicas));
+    if let Some(grace) = restart_grace {
+        config = config.restart_grace(grace);
+    }
     if let Some(tls) = tls.or_else(|| tls_nodes.then(Tls::new)) {
         config = config.tls(tls);
     }

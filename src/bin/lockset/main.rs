@@ -129,6 +129,7 @@ async fn execute(global: &Global, command: &LockCommand, ui: Ui) -> Result<u8, F
             &global.sentinel,
             global.master.as_deref(),
             global.replicas,
+            global.restart_grace,
             tls,
         )?,
         false => connect::plan(&urls, global.cluster, global.replicas, tls)?,
