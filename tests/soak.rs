@@ -11,17 +11,11 @@ use std::time::Duration;
 
 use lockset::{Jitter, Options, Retry};
 use rand::RngExt as _;
-use support::{Env, ms};
+use support::{Env, ms, resident_kib};
 use tokio::time::Instant;
 
 const TASKS: usize = 64;
 const KEYS: usize = 100;
-
-fn resident_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
 
 /// Runs the soak for `duration`; returns (locks taken, deadlines missed).
 async fn soak(

@@ -9,6 +9,8 @@ pub mod topology;
 pub mod workload;
 
 use std::pin::Pin;
+
+use crate::support::resident_kib;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -255,15 +257,4 @@ fn summary(
         rss.0,
         rss.1,
     )
-}
-
-/// This process's resident set, in KiB.
-pub fn resident_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-        .expect("VmRSS in /proc/self/status")
 }
