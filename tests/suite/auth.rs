@@ -203,7 +203,12 @@ async fn a_server_error_that_echoes_the_arguments_never_shows_the_token() {
     let (err, token) = match client.obtain("k", ms(10_000), &options).await {
         Ok(lock) => {
             let token = lock.token().to_owned();
-            (lock.release().await.unwrap_err(), Some(token))
+            match lock.release().await {
+                Err(err) => (err, Some(token)),
+                // Valkey 9 releases with its own compare-and-delete (DELIFEQ): no script,
+                // so no error to show anything.
+                Ok(()) => return,
+            }
         }
         Err(err) => (err, None),
     };
