@@ -97,18 +97,29 @@ async fn redlock_history_with_delayed_restarts_is_safe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a long randomized run; LOCKSET_HISTORY_SECS sets its length"]
 async fn redlock_history_without_delayed_restarts_is_unsafe() {
-    // It stops at the first violation, usually within seconds; give it time to find one.
-    let length = share(10).max(Duration::from_secs(40));
-    let outcome = run(length, async |seed| {
-        topology::redlock(seed, Restart::Immediate).await
-    })
-    .await;
-    println!("{}", outcome.summary);
-    let found = outcome.violations.first().expect(
-        "restarting Redlock masters empty at once must let two owners hold a lock, \
-         and the checker must see it",
-    );
-    println!("found, as expected:\n{found}");
+    // A violation needs a majority restarted within one TTL of a grant. Most seeds' schedules
+    // bring one within seconds (measured: 2-14 s); a few not within 40 s (CI failed on one):
+    // a fresh seed every 15 s, for up to 90 s in all.
+    const ATTEMPT: Duration = Duration::from_secs(15);
+    let budget = share(10).max(Duration::from_secs(90));
+    let began = std::time::Instant::now();
+    loop {
+        let outcome = run(ATTEMPT, async |seed| {
+            topology::redlock(seed, Restart::Immediate).await
+        })
+        .await;
+        println!("{}", outcome.summary);
+        if let Some(found) = outcome.violations.first() {
+            println!("found, as expected:\n{found}");
+            return;
+        }
+        assert!(
+            began.elapsed() + ATTEMPT <= budget,
+            "restarting Redlock masters empty at once must let two owners hold a lock, \
+             and the checker must see it (nothing seen in {:?})",
+            began.elapsed()
+        );
+    }
 }
 
 #[cfg(feature = "cluster")]
