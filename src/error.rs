@@ -17,8 +17,9 @@ use crate::mode::Mode;
 /// | [`Error::is_not_held`] | the lock is not ours any more | stop the work it protects |
 /// | [`Error::is_unavailable`] | Redis could not be reached, did not answer in time, or too few replicas acknowledged a write | alert, retry, or fail over |
 ///
-/// At most one of them is true. Invalid input, a wrong-typed key and other Redis errors
-/// (for example a fencing counter that is not an integer) answer none of them.
+/// At most one of them is true. Invalid input, a wrong-typed key, a server that refuses the
+/// scripts ([`Error::is_scripts_refused`]) and other Redis errors (for example a fencing
+/// counter that is not an integer) answer none of them: settings to fix.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -91,6 +92,18 @@ pub enum Error {
     /// place: no token appears in an error text.
     #[error("redis error: {0}")]
     Redis(redis::RedisError),
+
+    /// The server refuses to run the Lua scripts lockset needs (`EVAL` and `EVALSHA`): the
+    /// ACL user may not run them, or they were renamed away. An obtain checks before it
+    /// writes anything (once per connection), so nothing was locked; a later release,
+    /// refresh or TTL query ends with this when scripts were taken away meanwhile (the keys
+    /// then expire with their TTL). Not worth retrying: let the user run them
+    /// (`ACL SETUSER <user> +eval +evalsha`, or `+@scripting`). See the guide's servers
+    /// chapter.
+    #[error(
+        "the server refuses to run lockset's scripts (EVAL and EVALSHA): grant them to this user (+eval +evalsha), or do not rename them; nothing was locked by this request"
+    )]
+    ScriptsRefused,
 
     /// Fewer replicas than [`Replication`](crate::Replication) asks for acknowledged a
     /// write within its timeout (see [`Client::replicated`](crate::Client::replicated)).
@@ -192,6 +205,8 @@ pub enum NodeFailure {
     },
     /// No tokio runtime to run the master's part on.
     NoRuntime,
+    /// The master refuses to run lockset's scripts (see [`Error::ScriptsRefused`]).
+    ScriptsRefused,
 }
 
 impl NodeFailure {
@@ -213,6 +228,7 @@ impl From<Error> for NodeFailure {
         match err {
             Error::Redis(err) | Error::UnknownOutcome(err) => Self::Redis(err),
             Error::WrongType { key } => Self::WrongType(key),
+            Error::ScriptsRefused => Self::ScriptsRefused,
             Error::NotReplicated {
                 acknowledged,
                 required,
@@ -243,6 +259,7 @@ impl std::fmt::Display for NodeFailure {
                 required,
             } => write!(f, "{acknowledged} of {required} replicas acknowledged"),
             Self::NoRuntime => f.write_str("no tokio runtime"),
+            Self::ScriptsRefused => f.write_str("refuses to run lockset's scripts"),
         }
     }
 }
@@ -322,6 +339,12 @@ impl Error {
     /// lose it. [`Error::is_unavailable`] is true as well.
     pub fn is_not_replicated(&self) -> bool {
         matches!(self, Self::NotReplicated { .. })
+    }
+
+    /// True when the server refuses to run lockset's scripts ([`Error::ScriptsRefused`]):
+    /// a setting of the server or its ACL to fix, not a state that passes.
+    pub fn is_scripts_refused(&self) -> bool {
+        matches!(self, Self::ScriptsRefused)
     }
 
     /// True when a call of the blocking API came from inside an async runtime

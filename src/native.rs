@@ -1,4 +1,10 @@
-//! The lock primitives that newer servers have as commands, found out per connection.
+//! What a server lets this client do, found out per connection: run the Lua scripts at all,
+//! and the lock primitives that newer servers have as commands.
+//!
+//! - Scripts: `EVAL` and `EVALSHA`, which every multi-key, shared or queued operation and
+//!   every release, refresh and TTL query of a contended key needs. An ACL user without
+//!   them, or a server that renamed them away, could otherwise take a single key by plain
+//!   `SET NX` and then never release it: an obtain checks first, before anything is written.
 //!
 //! - Compare-and-delete: `DELIFEQ key value` (Valkey 9.0+), `DELEX key IFEQ value` (Redis
 //!   8.4+, Valkey 9.2+): deletes the key only if it holds exactly `value`.
@@ -32,13 +38,16 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, RedisResult, Value};
 
-/// What was found: [`KNOWN`] and the commands the server has.
+/// What was found: [`KNOWN`] once the commands were asked for, and those the server has;
+/// [`SCRIPTS_KNOWN`] once scripts were tried, and [`SCRIPTS`] when they run.
 const KNOWN: u8 = 1;
 const DELIFEQ: u8 = 2;
 const DELEX: u8 = 4;
 const SET_IFEQ: u8 = 8;
+const SCRIPTS_KNOWN: u8 = 16;
+const SCRIPTS: u8 = 32;
 
-/// The primitives a server behind one connection has, once found out.
+/// What a server behind one connection lets this client do, once found out.
 pub(crate) struct Natives {
     /// The bits above; 0 while nobody asked.
     found: AtomicU8,
@@ -70,25 +79,61 @@ impl Natives {
         conn: &C,
         epoch: Option<u64>,
     ) -> RedisResult<Found> {
-        if let Some(found) = self.known(epoch) {
-            return Ok(found);
+        let found = self
+            .learn(epoch, KNOWN, async || ask(&mut conn.clone()).await)
+            .await?;
+        Ok(found)
+    }
+
+    /// Whether the server behind `conn` runs this client's scripts, trying them first when
+    /// nobody has yet (or the primary changed since). One round trip, once: an obtain asks
+    /// before it writes anything. `pipelined`: both tries may go in one request (not on a
+    /// cluster, whose key-less commands may go to different nodes).
+    pub(crate) async fn scripts<C: ConnectionLike + Clone>(
+        &self,
+        conn: &C,
+        epoch: Option<u64>,
+        pipelined: bool,
+    ) -> RedisResult<bool> {
+        let found = self
+            .learn(epoch, SCRIPTS_KNOWN, async || {
+                let run = scripts_run(&mut conn.clone(), pipelined).await?;
+                Ok(SCRIPTS_KNOWN | if run { SCRIPTS } else { 0 })
+            })
+            .await?;
+        Ok(found.0 & SCRIPTS != 0)
+    }
+
+    /// The bits known of the current primary, after asking by `ask` (which returns `part`
+    /// and what it found) when `part` is not known yet. One question at a time.
+    async fn learn(
+        &self,
+        epoch: Option<u64>,
+        part: u8,
+        ask: impl AsyncFnOnce() -> RedisResult<u8>,
+    ) -> RedisResult<Found> {
+        let known = self.known(epoch);
+        if known & part != 0 {
+            return Ok(Found(known));
         }
         let _asking = self.asking.lock().await;
-        if let Some(found) = self.known(epoch) {
-            return Ok(found);
+        let known = self.known(epoch);
+        if known & part != 0 {
+            return Ok(Found(known));
         }
-        let found = ask(&mut conn.clone()).await?;
-        tracing::debug!(?found, "what the server has natively");
+        let found = Found(known | ask().await?);
+        tracing::debug!(?found, "what the server lets this client do");
         self.epoch
             .store(epoch.map_or(0, |epoch| epoch + 1), Ordering::Relaxed);
         self.found.store(found.0, Ordering::Release);
         Ok(found)
     }
 
-    fn known(&self, epoch: Option<u64>) -> Option<Found> {
+    /// The bits known of the primary of `epoch` (none when they are of another one).
+    fn known(&self, epoch: Option<u64>) -> u8 {
         let found = self.found.load(Ordering::Acquire);
         let same_primary = self.epoch.load(Ordering::Relaxed) == epoch.map_or(0, |epoch| epoch + 1);
-        (found & KNOWN != 0 && same_primary).then_some(Found(found))
+        if same_primary { found } else { 0 }
     }
 
     /// The server refused a native command it was found to have (`err`: it does not know it
@@ -98,7 +143,8 @@ impl Natives {
         // An unknown command's text echoes its arguments: the lock's value.
         let err = crate::error::redact(err.clone());
         tracing::debug!(%err, "server refuses a native command; scripts from now on");
-        self.found.store(KNOWN, Ordering::Release);
+        self.found
+            .fetch_and(KNOWN | SCRIPTS_KNOWN | SCRIPTS, Ordering::AcqRel);
     }
 }
 
@@ -138,8 +184,8 @@ impl Found {
 /// Asks the server which primitives it has: `COMMAND INFO` names a command it knows (nil for
 /// one it does not), and `COMMAND DOCS SET` lists SET's options (an error before Redis 7).
 /// One question after the other, not pipelined: on a cluster they may go to different nodes.
-/// An error reply (an ACL without `COMMAND`) counts as "none".
-async fn ask<C: ConnectionLike>(conn: &mut C) -> RedisResult<Found> {
+/// An error reply (an ACL without `COMMAND`) counts as "none". Returns the bits found.
+async fn ask<C: ConnectionLike>(conn: &mut C) -> RedisResult<u8> {
     let info = answer(
         redis::cmd("COMMAND")
             .arg("INFO")
@@ -171,7 +217,45 @@ async fn ask<C: ConnectionLike>(conn: &mut C) -> RedisResult<Found> {
     if mentions_token(&docs, "IFEQ") {
         found |= SET_IFEQ;
     }
-    Ok(Found(found))
+    Ok(found)
+}
+
+/// Whether the server runs scripts for this client: a trivial `EVAL`, and `EVALSHA` of its
+/// hash (NOSCRIPT, when a cluster sent it to another node, still means it may run). A
+/// refusal as such (`NOPERM`, an unknown command) is a no; any other error (`LOADING`, a
+/// failed connection) is returned, so that nothing is concluded from a server that cannot
+/// answer now.
+async fn scripts_run<C: ConnectionLike>(conn: &mut C, pipelined: bool) -> RedisResult<bool> {
+    const PROBE: &str = "return 1";
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(PROBE).arg(0);
+    let mut by_hash = redis::cmd("EVALSHA");
+    by_hash.arg(redis::Script::new(PROBE).get_hash()).arg(0);
+    let replies: Vec<RedisResult<Value>> = if pipelined {
+        // Each reply as it came, errors included (else the first error stands for both).
+        let mut both = redis::pipe();
+        both.add_command(eval).add_command(by_hash).ignore_errors();
+        let values: Vec<Value> = both.query_async(conn).await?;
+        values.into_iter().map(Value::extract_error).collect()
+    } else {
+        vec![
+            eval.query_async(conn).await,
+            by_hash.query_async(conn).await,
+        ]
+    };
+    for reply in replies {
+        match reply {
+            Ok(_) => {}
+            Err(err)
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {}
+            Err(err) if refuses_command(&err) => {
+                tracing::warn!(%err, "the server refuses this client's scripts: no lock can be obtained");
+                return Ok(false);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(true)
 }
 
 /// A reply, with the server's refusal as a reply like any other (nil): only a failed
@@ -202,12 +286,22 @@ fn mentions_token(value: &Value, token: &str) -> bool {
 /// Whether `err` refuses a command as such: the server does not know it or one of its
 /// options, or the ACL user may not run it. (Not an error about the key, such as WRONGTYPE.)
 pub(crate) fn is_refused(err: &RedisError) -> bool {
-    is_syntax_error(err)
-        || err.code() == Some("NOPERM")
-        || (err.code() == Some("ERR")
-            && err
-                .detail()
-                .is_some_and(|detail| detail.to_ascii_lowercase().contains("unknown command")))
+    is_syntax_error(err) || err.code() == Some("NOPERM") || refuses_command(err)
+}
+
+/// Whether `err` refuses the command itself, whatever its arguments: the server does not
+/// know it (or it was renamed away), or the ACL user may not run it. (Not a refusal of the
+/// keys it names, nor of a command a script runs.)
+pub(crate) fn refuses_command(err: &RedisError) -> bool {
+    let said = |text: &str| {
+        err.detail()
+            .is_some_and(|detail| detail.to_ascii_lowercase().contains(text))
+    };
+    match err.code() {
+        Some("NOPERM") => said("permissions to run"),
+        Some("ERR") => said("unknown command"),
+        _ => false,
+    }
 }
 
 /// Whether `err` says the server does not understand a command's arguments.
@@ -226,6 +320,33 @@ mod tests {
                 _ => "<other>".to_owned(),
             })
             .collect()
+    }
+
+    fn server_error(line: &str) -> RedisError {
+        match redis::parse_redis_value(line.as_bytes()).map(Value::extract_error) {
+            Ok(Err(err)) => err,
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_a_refusal_of_the_command_itself_refuses_scripts() {
+        for line in [
+            "-NOPERM User locker has no permissions to run the 'evalsha' command\r\n",
+            "-NOPERM this user has no permissions to run the 'eval' command or its subcommand\r\n",
+            "-ERR unknown command 'EVALSHA', with args beginning with: 'abc' '0' \r\n",
+            "-ERR unknown command `EVALSHA`, with args beginning with: `abc`, `0`, \r\n",
+        ] {
+            assert!(refuses_command(&server_error(line)), "{line}");
+        }
+        for line in [
+            "-NOPERM No permissions to access a key\r\n",
+            "-ERR The user executing the script can't access at least one of the keys\r\n",
+            "-NOSCRIPT No matching script. Please use EVAL.\r\n",
+            "-LOADING Redis is loading the dataset in memory\r\n",
+        ] {
+            assert!(!refuses_command(&server_error(line)), "{line}");
+        }
     }
 
     #[test]

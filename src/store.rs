@@ -144,6 +144,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Some(deployment) => Some(deployment.admits(claim.ttl.duration).await?),
             None => None,
         };
+        // Whatever path this obtain takes, releasing, refreshing or asking the TTL may need a
+        // script: a server that refuses them gets nothing written (asked once per connection).
+        let cluster = self.is_cluster();
+        if !self
+            .natives
+            .scripts(&self.conn, self.primary_epoch(), !cluster)
+            .await?
+        {
+            return Err(Error::ScriptsRefused);
+        }
         // The script paths' futures are boxed: every caller's future would otherwise carry
         // (and copy, each time it moves) room for them, also on the common path without.
         let written = if let Some(modes) = claim.modes {
@@ -784,9 +794,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
                 self.reloads.fetch_add(1, Ordering::Relaxed);
-                Ok(self.query(command("EVAL", &script.source), wait).await?)
+                Ok(self
+                    .query(command("EVAL", &script.source), wait)
+                    .await
+                    .map_err(script_error)?)
             }
-            reply => Ok(reply?),
+            reply => Ok(reply.map_err(script_error)?),
         }
     }
 
@@ -842,6 +855,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
 /// A fair waiter's queue arguments, as `obtain.lua` and `modes.lua` take them: its lease,
 /// id, turn, and the key it hears its hand-off on (Lua counts from 1).
+/// A script's error: [`Error::ScriptsRefused`] when the server refuses to run scripts at
+/// all (the ACL user lost them since the first obtain checked, or they were renamed away).
+fn script_error(err: RedisError) -> Error {
+    if !native::refuses_command(&err) {
+        return err.into();
+    }
+    let err = crate::error::redact(err);
+    tracing::warn!(%err, "the server refuses this client's scripts");
+    Error::ScriptsRefused
+}
+
 fn queue_args(ticket: &Ticket) -> (u64, &str, u64, usize) {
     let listen = ticket.listen + 1;
     (ticket.lease.millis, ticket.id.as_str(), ticket.turn, listen)

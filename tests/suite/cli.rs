@@ -1970,3 +1970,25 @@ fn a_planned_failover_never_runs_two_lockset_runs_at_once() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A user without scripts: `acquire` and `run` lock nothing and exit 77 (EX_NOPERM) at once,
+/// saying why (see `restricted::a_user_without_scripts_locks_nothing_and_is_told_why`).
+#[test]
+fn a_user_without_scripts_gets_exit_77_and_nothing_locked() {
+    let server = RedisServer::start();
+    let user = [
+        "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let urls = [format!("redis://locker:pw@127.0.0.1:{}/", server.port())];
+    for args in [
+        &["acquire", "--ttl", "30s", "job"][..],
+        &["run", "--ttl", "30s", "job", "--", "true"],
+    ] {
+        let out = finish(lockset(&urls).args(args));
+        assert_eq!(out.code, Some(77), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("EVALSHA"), "{args:?}: {out:?}");
+        assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
+        assert!(!exists(&server.url(), "job"), "{args:?}");
+    }
+}

@@ -160,3 +160,62 @@ async fn a_release_succeeds_when_its_hand_off_needs_a_key_outside_the_users_patt
     theirs.release().await.unwrap();
     assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
 }
+
+/// How soon an obtain refused for want of scripts must fail: it asks once and gives up,
+/// without waiting for its deadline.
+const REFUSED_WITHIN: Duration = Duration::from_millis(1_000);
+
+/// A user without `EVAL`/`EVALSHA` (or a server that renamed them away) could take a single
+/// key by plain `SET NX` and never release it. Every obtain, one key or several, fails with
+/// [`lockset::Error::ScriptsRefused`] before anything is written; a lock whose user lost the
+/// scripts after obtaining is told the same on its next script. No token in any error text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_scripts_locks_nothing_and_is_told_why() {
+    let server = RedisServer::start();
+    let user = [
+        "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let client = Client::connect(&url).await.unwrap();
+    refuses_every_obtain(&server, &client).await;
+
+    // Scripts taken away from a user who already holds a lock: told at the next script.
+    let allowed = ["ACL", "SETUSER", "locker", "+eval", "+evalsha"];
+    assert!(support::server::cli(server.port(), &allowed).contains("OK"));
+    let client = Client::connect(&url).await.unwrap();
+    let lock = client
+        .obtain("job", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    let denied = ["ACL", "SETUSER", "locker", "-eval", "-evalsha"];
+    assert!(support::server::cli(server.port(), &denied).contains("OK"));
+    let err = lock.ttl().await.unwrap_err();
+    assert!(err.is_scripts_refused(), "{err:?}");
+    assert!(!err.to_string().contains(lock.token()), "{err}");
+}
+
+/// The same with `EVALSHA` renamed away in the server's configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_with_scripts_renamed_away_locks_nothing() {
+    let server = RedisServer::start_with(None, &["--rename-command", "EVALSHA", "EVALSHA-x"]);
+    let client = Client::connect(&server.url()).await.unwrap();
+    refuses_every_obtain(&server, &client).await;
+}
+
+/// Obtains of one key and of several each fail with `ScriptsRefused`, in time, and leave
+/// no key behind.
+async fn refuses_every_obtain(server: &RedisServer, client: &Client<ConnectionManager>) {
+    for keys in [vec!["job"], vec!["a", "b"]] {
+        let start = Instant::now();
+        let err = client
+            .obtain_multi(keys.clone(), ms(30_000), &Options::default())
+            .await
+            .unwrap_err();
+        let took = start.elapsed();
+        assert!(err.is_scripts_refused(), "{keys:?}: {err:?}");
+        assert!(!err.is_unavailable() && !err.is_not_obtained(), "{err:?}");
+        assert!(took < REFUSED_WITHIN, "{keys:?}: refused after {took:?}");
+        assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
+    }
+}

@@ -24,6 +24,8 @@ Exit status:
   71     a local system error (cannot catch signals, wait for the command, or print;
          acquire/status: stdout is closed; man: cannot write DIR)
   75     the lock is held by someone else (change with --conflict-exit-code)
+  77     the server refuses to run lockset's scripts (ACL without EVAL/EVALSHA, or
+         renamed away); nothing was locked
   126    run: the command could not be executed
   127    run: the command was not found
   128+N  run: the command died by signal N (or lockset got signal N while waiting)

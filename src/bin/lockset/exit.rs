@@ -14,6 +14,8 @@ pub(crate) const DATA: u8 = 65;
 pub(crate) const UNAVAILABLE: u8 = 69;
 /// The lock was lost, or is not held by the given token (EX_SOFTWARE).
 pub(crate) const LOST: u8 = 70;
+/// The server refuses what lockset must run: its scripts (EX_NOPERM).
+pub(crate) const NOPERM: u8 = 77;
 /// A local system failure: no runtime, no signal handling, no way to wait for the command
 /// or to print (EX_OSERR).
 pub(crate) const SYSTEM: u8 = 71;
@@ -67,6 +69,7 @@ impl Failure {
         match err {
             Error::InvalidInput(invalid) => Self::Usage(invalid.to_string()),
             Error::WrongType { .. } => Self::new(DATA, err.to_string()),
+            Error::ScriptsRefused => Self::new(NOPERM, err.to_string()),
             Error::Redis(redis) => Self::new(UNAVAILABLE, format!("{err}{}", hint(redis))),
             _ => Self::new(UNAVAILABLE, err.to_string()),
         }
