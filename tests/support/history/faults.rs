@@ -9,6 +9,7 @@
 //! itself when its time is up. A Sentinel deployment's servers take turns: one of its
 //! faults at a time.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -353,6 +354,28 @@ fn pick_free(rng: &mut SmallRng, free: &[Duration], at: Duration) -> Option<usiz
 pub struct Targets {
     pub servers: Servers,
     pub proxies: Vec<Arc<Proxy>>,
+    /// One fault at a time per server.
+    pub turns: Turns,
+}
+
+/// Turns on each server: a fault holds its server's turn from its start until it healed.
+/// The schedule spaces faults on one server by an estimate of how long each takes, which a
+/// loaded machine can exceed (a restart that outlasts it met a pause: the pause's resume
+/// found no process).
+#[derive(Default)]
+pub struct Turns(Mutex<HashMap<usize, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Turns {
+    async fn take(&self, server: usize) -> tokio::sync::OwnedMutexGuard<()> {
+        let turn = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(server)
+            .or_default()
+            .clone();
+        turn.lock_owned().await
+    }
 }
 
 /// The servers of a topology.
@@ -507,12 +530,14 @@ async fn apply(
     };
     match fault {
         Fault::Pause { server, for_ } => {
+            let _turn = targets.turns.take(server).await;
             targets.servers.pause(server, true).await;
             began();
             tokio::time::sleep(for_).await;
             targets.servers.pause(server, false).await;
         }
         Fault::Restart { server, down } => {
+            let _turn = targets.turns.take(server).await;
             targets.servers.with(server, RedisServer::stop).await;
             began();
             tokio::time::sleep(down).await;

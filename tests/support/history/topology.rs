@@ -10,7 +10,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt as _, SeedableRng as _};
 
 use super::deployment::Deployment;
-use super::faults::{Plan, Restart, Servers, Targets};
+use super::faults::{Plan, Restart, Servers, Targets, Turns};
 use super::workload::MAX_FRESH_TTL;
 use super::{Connect, Setup};
 use crate::support::proxy::Proxy;
@@ -107,6 +107,7 @@ pub async fn single(seed: u64) -> Setup<ConnectionManager> {
         targets: Arc::new(Targets {
             servers: Servers::Plain(servers),
             proxies,
+            turns: Turns::default(),
         }),
     }
 }
@@ -157,6 +158,7 @@ pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
         targets: Arc::new(Targets {
             servers: Servers::Plain(servers),
             proxies,
+            turns: Turns::default(),
         }),
     }
 }
@@ -211,6 +213,7 @@ pub async fn cluster(seed: u64) -> Setup<lockset::redis::cluster_async::ClusterC
         targets: Arc::new(Targets {
             servers: Servers::Cluster(cluster),
             proxies: Vec::new(),
+            turns: Turns::default(),
         }),
     }
 }
@@ -301,6 +304,7 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
         targets: Arc::new(Targets {
             servers: Servers::Sentinel(Arc::new(Deployment::new(failover))),
             proxies,
+            turns: Turns::default(),
         }),
     }
 }
