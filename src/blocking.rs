@@ -34,11 +34,11 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::runtime::{Handle, Runtime};
 
+use crate::client::options::Options;
 use crate::error::{Error, Result};
-use crate::key::IntoKey;
-use crate::options::Options;
-use crate::quorum::QuorumConfig;
-use crate::sentinel::{SentinelConfig, SentinelConnection};
+use crate::model::key::IntoKey;
+use crate::topology::quorum::QuorumConfig;
+use crate::topology::sentinel::{SentinelConfig, SentinelConnection};
 
 /// How long the last handle of a client waits for its background work (releases of dropped
 /// guards, the slower masters' share of a quorum's operations) before the runtime stops.
@@ -80,7 +80,7 @@ impl Engine {
     }
 
     /// Makes every background task of `client` run on this runtime.
-    fn adopt<C>(&self, client: &crate::Client<C>)
+    fn adopt<C>(&self, client: &crate::client::handle::Client<C>)
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
@@ -139,7 +139,7 @@ struct Inner<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    client: crate::Client<C>,
+    client: crate::client::handle::Client<C>,
     engine: Arc<Engine>,
     /// A quorum's masters, kept: their runtimes drive their connections.
     _masters: Vec<Client<C>>,
@@ -176,7 +176,7 @@ impl Client<ConnectionManager> {
     /// [`Error::InsideAsyncRuntime`] inside an async runtime; the errors of
     /// [`crate::Client::connect`].
     pub fn connect(url: &str) -> Result<Self> {
-        Self::build(|| crate::Client::connect(url))
+        Self::build(|| crate::client::handle::Client::connect(url))
     }
 }
 
@@ -189,7 +189,7 @@ impl Client<SentinelConnection> {
     /// [`Error::InsideAsyncRuntime`] inside an async runtime; the errors of
     /// [`crate::Client::connect_sentinel`].
     pub fn connect_sentinel(config: SentinelConfig) -> Result<Self> {
-        Self::build(|| crate::Client::connect_sentinel(config))
+        Self::build(|| crate::client::handle::Client::connect_sentinel(config))
     }
 }
 
@@ -206,7 +206,7 @@ impl Client<redis::cluster_async::ClusterConnection> {
     where
         T: redis::IntoConnectionInfo,
     {
-        Self::build(|| crate::Client::connect_cluster(nodes))
+        Self::build(|| crate::client::handle::Client::connect_cluster(nodes))
     }
 }
 
@@ -240,7 +240,7 @@ where
     pub fn build<F, Fut>(make: F) -> Result<Self>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<crate::Client<C>>>,
+        Fut: Future<Output = Result<crate::client::handle::Client<C>>>,
     {
         refuse_inside_runtime()?;
         let engine = Engine::start()?;
@@ -248,7 +248,7 @@ where
         Ok(Self::on(client, engine, Vec::new()))
     }
 
-    fn on(client: crate::Client<C>, engine: Arc<Engine>, nodes: Vec<Self>) -> Self {
+    fn on(client: crate::client::handle::Client<C>, engine: Arc<Engine>, nodes: Vec<Self>) -> Self {
         engine.adopt(&client);
         Self {
             inner: Arc::new(Inner {
@@ -268,13 +268,13 @@ where
         let nodes: Vec<Self> = nodes.into_iter().collect();
         let engine = Engine::start()?;
         let masters = nodes.iter().map(|node| node.inner.client.clone());
-        let client = engine.within(|| crate::Client::quorum(masters, config))?;
+        let client = engine.within(|| crate::client::handle::Client::quorum(masters, config))?;
         Ok(Self::on(client, engine, nodes))
     }
 
     /// The async client underneath, for what this API does not offer (use it inside an
     /// async runtime of your own only if its connections were made there).
-    pub fn as_async(&self) -> &crate::Client<C> {
+    pub fn as_async(&self) -> &crate::client::handle::Client<C> {
         &self.inner.client
     }
 
@@ -282,7 +282,7 @@ where
         self.inner.engine.block_on(future)
     }
 
-    fn lock(&self, lock: crate::Lock<C>) -> Lock<C> {
+    fn lock(&self, lock: crate::client::lock::Lock<C>) -> Lock<C> {
         Lock {
             lock,
             inner: self.inner.clone(),
@@ -356,7 +356,7 @@ where
     {
         let guard = self.obtain_multi(keys, ttl, options)?.watched(options);
         let output = work(&guard.lost_signal());
-        crate::guard::released_after_work(guard.release());
+        crate::client::guard::released_after_work(guard.release());
         Ok(output)
     }
 
@@ -396,7 +396,7 @@ pub struct Lock<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    lock: crate::Lock<C>,
+    lock: crate::client::lock::Lock<C>,
     inner: Arc<Inner<C>>,
 }
 
@@ -446,13 +446,13 @@ where
 
     /// Turns the lock into a [`Guard`] that releases it when dropped, without a watchdog.
     pub fn into_guard(self) -> Guard<C> {
-        self.guard(crate::Lock::into_guard)
+        self.guard(crate::client::lock::Lock::into_guard)
     }
 
     /// Turns the lock into a [`Guard`] whose watchdog refreshes it every third of its TTL,
     /// on the client's runtime, whatever this thread does meanwhile.
     pub fn keep_alive(self) -> Guard<C> {
-        self.guard(crate::Lock::keep_alive)
+        self.guard(crate::client::lock::Lock::keep_alive)
     }
 
     /// Like [`Lock::keep_alive`], refreshing every `interval` (see
@@ -467,7 +467,10 @@ where
 
     /// The async lock made a guard by `make`: its watchdog, and its release when dropped,
     /// run on the client's runtime.
-    fn guard(self, make: impl FnOnce(crate::Lock<C>) -> crate::Guard<C>) -> Guard<C> {
+    fn guard(
+        self,
+        make: impl FnOnce(crate::client::lock::Lock<C>) -> crate::client::guard::Guard<C>,
+    ) -> Guard<C> {
         Guard {
             guard: make(self.lock),
             inner: self.inner,
@@ -479,9 +482,9 @@ impl<C> Deref for Lock<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    type Target = crate::Lock<C>;
+    type Target = crate::client::lock::Lock<C>;
 
-    fn deref(&self) -> &crate::Lock<C> {
+    fn deref(&self) -> &crate::client::lock::Lock<C> {
         &self.lock
     }
 }
@@ -502,7 +505,7 @@ pub struct Guard<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    guard: crate::Guard<C>,
+    guard: crate::client::guard::Guard<C>,
     inner: Arc<Inner<C>>,
 }
 
@@ -543,9 +546,9 @@ impl<C> Deref for Guard<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    type Target = crate::Lock<C>;
+    type Target = crate::client::lock::Lock<C>;
 
-    fn deref(&self) -> &crate::Lock<C> {
+    fn deref(&self) -> &crate::client::lock::Lock<C> {
         &self.guard
     }
 }
@@ -563,7 +566,7 @@ where
 /// clone; keeps the client's runtime running.
 #[derive(Clone)]
 pub struct LostSignal {
-    signal: crate::LostSignal,
+    signal: crate::rt::signal::LostSignal,
     engine: Arc<Engine>,
 }
 

@@ -97,64 +97,43 @@
     clippy::print_stderr
 )]
 
-mod backend;
+// The layers, bottom to top; each folder's `mod.rs` says its job and what it may import,
+// and `tests/layers.rs` fails on an import that points up.
 #[cfg(feature = "blocking")]
 pub mod blocking;
 mod client;
-mod distinct;
 mod error;
-mod fencing;
-mod guard;
 pub mod guide;
-mod health;
-mod key;
-mod lock;
-mod meter;
-mod mode;
-mod native;
+mod model;
 mod observe;
-mod options;
-mod quorum;
-mod replication;
-mod request;
-mod retry;
-mod scripts;
-mod sentinel;
-mod shared;
-mod signal;
-mod slots;
-mod store;
-mod stragglers;
-mod tasks;
-#[cfg(feature = "tls")]
-mod tls;
-mod validate;
-mod value;
-mod waiters;
+mod rt;
+mod server;
+mod topology;
 mod waiting;
 
-pub use client::Client;
-pub use error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
-pub use guard::Guard;
-pub use health::MAX_OWED_BYTES;
-pub use key::IntoKey;
-pub use lock::Lock;
-pub use mode::Mode;
-pub use observe::{Blocked, RetryEvent};
-pub use options::Options;
-pub use quorum::{MIN_NODE_TIMEOUT, QuorumConfig};
-pub use replication::Replication;
-pub use retry::{Backoff, Jitter, Retry, RetryStrategy};
-pub use sentinel::{SentinelConfig, SentinelConnection};
-pub use signal::LostSignal;
+pub use client::guard::Guard;
+pub use client::handle::Client;
+pub use client::lock::Lock;
+pub use client::options::Options;
+pub use error::{Error, NodeFailure, QuorumOp, Result};
+pub use model::invalid::InvalidInput;
+pub use model::key::IntoKey;
+pub use model::mode::Mode;
 #[cfg(feature = "cluster")]
-pub use slots::slot_number;
-pub use slots::{fencing_key_for, queue_key_for, release_channel};
+pub use model::names::slot_number;
+pub use model::names::{fencing_key_for, queue_key_for, release_channel};
+pub use model::retry::{Backoff, Jitter, Retry, RetryStrategy};
+pub use model::validate::{MAX_KEYS, MAX_METADATA, MAX_TTL};
+pub use model::value::parse_value;
+pub use observe::{Blocked, RetryEvent};
+pub use rt::signal::LostSignal;
+pub use server::replication::Replication;
+pub use topology::health::MAX_OWED_BYTES;
+pub use topology::quorum::{MIN_NODE_TIMEOUT, QuorumConfig};
+pub use topology::sentinel::{SentinelConfig, SentinelConnection};
 #[cfg(feature = "tls")]
-pub use tls::Tls;
-pub use validate::{MAX_KEYS, MAX_METADATA, MAX_TTL};
-pub use value::parse_value;
-pub use waiters::{QueuedWaiter, read_queue};
+pub use topology::tls::Tls;
+pub use waiting::reader::{QueuedWaiter, read_queue};
 
 /// The redis-rs version this crate is built with, so your connections match.
 pub use redis;

@@ -10,10 +10,10 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::client::lock::Lock;
+use crate::client::options::Options;
 use crate::error::Result;
-use crate::lock::Lock;
-use crate::meter::Lost;
-use crate::options::Options;
+use crate::observe::meter::Lost;
 
 /// A [`Lock`] that is released when dropped, optionally kept alive by a watchdog.
 ///

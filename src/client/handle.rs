@@ -11,26 +11,28 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use crate::backend::Backend;
-use crate::error::{Error, InvalidInput, Result, is_outcome_unknown};
-use crate::key::IntoKey;
-use crate::lock::{Lock, Obtained};
-use crate::mode::{self, Mode, Modes};
+use crate::client::lock::{Lock, Obtained};
+use crate::client::options::Options;
+use crate::client::options::default_waiter_lease;
+use crate::client::shared::Shared;
+use crate::error::classify::{self, is_outcome_unknown};
+use crate::error::{Error, Result};
+use crate::model::invalid::InvalidInput;
+use crate::model::key::IntoKey;
+use crate::model::mode::{self, Mode, Modes};
+use crate::model::request::{Claim, OwnedClaim, Try, Ttl};
+use crate::model::retry::Retry;
+use crate::model::validate;
+use crate::model::value::Owner;
 use crate::observe::{Op, Progress, finished, op_span};
-use crate::options::Options;
-use crate::options::default_waiter_lease;
-use crate::quorum::{Quorum, QuorumConfig};
-use crate::replication::{Replicas, Replication};
-use crate::request::{Claim, OwnedClaim, Try, Ttl};
-use crate::retry::Retry;
-use crate::sentinel::{SentinelConfig, SentinelConnection};
-use crate::shared::Shared;
-use crate::signal::LostSignal;
-use crate::store::{Obtain, Store};
-use crate::stragglers::Stragglers;
-use crate::tasks::Tasks;
-use crate::validate;
-use crate::value::Owner;
+use crate::rt::signal::LostSignal;
+use crate::rt::tasks::Tasks;
+use crate::server::replication::{Replicas, Replication};
+use crate::server::store::{Obtain, Store};
+use crate::topology::backend::Backend;
+use crate::topology::quorum::{Quorum, QuorumConfig};
+use crate::topology::sentinel::{SentinelConfig, SentinelConnection};
+use crate::topology::stragglers::Stragglers;
 use crate::waiting::events::Events;
 use crate::waiting::fair::{Fair, Stint};
 use crate::waiting::policy::{self, Held, Limit, Step, Waiter, Watch};
@@ -147,7 +149,7 @@ impl Client<ConnectionManager> {
     /// fails (an untrusted certificate): a setting to fix, not a failure to wait out.
     pub async fn connect(url: &str) -> Result<Self> {
         #[cfg(feature = "tls")]
-        let client = crate::Tls::new().redis_client(url)?;
+        let client = crate::topology::tls::Tls::new().redis_client(url)?;
         #[cfg(not(feature = "tls"))]
         let client = redis::Client::open(url)?;
         Self::connect_client(client).await
@@ -170,7 +172,7 @@ impl Client<ConnectionManager> {
     /// As [`Client::connect`]; a server whose certificate `tls` does not trust is refused at
     /// once.
     #[cfg(feature = "tls")]
-    pub async fn connect_with_tls(url: &str, tls: &crate::Tls) -> Result<Self> {
+    pub async fn connect_with_tls(url: &str, tls: &crate::topology::tls::Tls) -> Result<Self> {
         Self::connect_client(tls.redis_client(url)?).await
     }
 
@@ -187,7 +189,7 @@ async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager
     let refused = async {
         let attempt = client.get_multiplexed_async_connection().await;
         if let Err(err) = attempt
-            && policy::is_refusal(&err)
+            && classify::is_access_refusal(&err)
         {
             return err;
         }
@@ -646,7 +648,7 @@ where
         let owner = Owner::custom(token)?;
         #[cfg(feature = "cluster")]
         if self.inner.cluster {
-            crate::slots::check_one_slot(&keys, None)?;
+            crate::model::names::check_one_slot(&keys, None)?;
         }
         let value = owner.value(options.metadata_to_store());
         let claim = Claim {
@@ -749,7 +751,7 @@ where
             .await?
             .watched(options);
         let output = work(guard.lost_signal()).await;
-        crate::guard::released_after_work(guard.release().await);
+        crate::client::guard::released_after_work(guard.release().await);
         Ok(output)
     }
 
@@ -806,7 +808,7 @@ where
         let counter = self.fencing_counter(keys, options)?;
         #[cfg(feature = "cluster")]
         if self.inner.cluster {
-            crate::slots::check_one_slot(keys, counter.as_deref())?;
+            crate::model::names::check_one_slot(keys, counter.as_deref())?;
         }
         let fair = self.fair(keys, custom.as_ref(), ttl, options)?;
         let attempt = Attempt {
@@ -857,7 +859,7 @@ where
             && !matches!(options.retry, Retry::NoRetry)
             && !self.backend().is_quorum()
             && !self.events().is_empty()
-            && keys.iter().all(|key| crate::slots::has_queue(key));
+            && keys.iter().all(|key| crate::model::names::has_queue(key));
         if !fair {
             return Ok(None);
         }

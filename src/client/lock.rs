@@ -11,17 +11,17 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use crate::client::options::Options;
+use crate::client::shared::Shared;
 use crate::error::{Error, Result};
-use crate::meter::{self, Holding, Meter};
-use crate::mode::{Mode, Modes};
+use crate::model::mode::{Mode, Modes};
+use crate::model::names::release_channel;
+use crate::model::request::{Claim, Ttl};
+use crate::model::value::Owner;
+use crate::observe::meter::{self, Holding, Meter};
 use crate::observe::{self, Op, finished, op_span};
-use crate::options::Options;
-use crate::request::{Claim, Ttl};
-use crate::shared::Shared;
-use crate::signal::LostSignal;
-use crate::slots::release_channel;
-use crate::stragglers::Stragglers;
-use crate::value::Owner;
+use crate::rt::signal::LostSignal;
+use crate::topology::stragglers::Stragglers;
 use crate::waiting::events::{after_queueing, release_payload};
 use crate::waiting::policy::{self, Step, Waiter, Watch};
 

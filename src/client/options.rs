@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::fencing::Fencing;
-use crate::meter::Meter;
+use crate::model::fencing::Fencing;
+use crate::model::retry::Retry;
+use crate::observe::meter::Meter;
 use crate::observe::{OnRetry, RetryEvent};
-use crate::retry::Retry;
 
 /// How long an operation may keep retrying.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,8 +260,8 @@ impl Options {
 
     /// Checks the metadata (at most [`MAX_METADATA`](crate::MAX_METADATA) bytes), before
     /// anything is sent.
-    pub(crate) fn check_metadata(&self) -> Result<(), crate::InvalidInput> {
-        crate::validate::metadata(self.metadata_to_store())
+    pub(crate) fn check_metadata(&self) -> Result<(), crate::model::invalid::InvalidInput> {
+        crate::model::validate::metadata(self.metadata_to_store())
     }
 
     /// When a call that started at `start` must stop retrying; `None` when that lies

@@ -4,9 +4,9 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::backend::Backend;
-use crate::meter::Meter;
-use crate::tasks::Tasks;
+use crate::observe::meter::Meter;
+use crate::rt::tasks::Tasks;
+use crate::topology::backend::Backend;
 use crate::waiting::events::Events;
 
 /// The state behind a [`Client`](crate::Client), shared by its clones and its locks.

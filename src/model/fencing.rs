@@ -7,7 +7,7 @@
 //! holder sends it with every write, and the resource rejects a number lower than the highest
 //! it has seen (Kleppmann, "How to do distributed locking").
 
-use crate::slots::fencing_key_for;
+use crate::model::names::fencing_key_for;
 
 /// Which counter mints a lock's fencing tokens.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use crate::mode::Mode;
+use crate::model::mode::Mode;
 
 /// A lock key: anything string-like, so that [`Client::obtain_multi`](crate::Client::obtain_multi)
 /// takes the keys callers have, without conversions.

@@ -7,8 +7,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::InvalidInput;
-use crate::key::IntoKey;
+use crate::model::invalid::InvalidInput;
+use crate::model::key::IntoKey;
 
 /// How a lock holds one of its keys.
 ///

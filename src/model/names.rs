@@ -101,7 +101,7 @@ pub fn release_channel(key: &str) -> &str {
 pub(crate) fn check_one_slot(
     keys: &[String],
     counter: Option<&str>,
-) -> Result<(), crate::error::InvalidInput> {
+) -> Result<(), crate::model::invalid::InvalidInput> {
     use redis::cluster_routing::Slot;
 
     let mut names = keys.iter().map(String::as_str).chain(counter);
@@ -113,7 +113,7 @@ pub(crate) fn check_one_slot(
         return Ok(());
     }
     let keys = keys.iter().map(String::as_str).chain(counter);
-    Err(crate::error::InvalidInput::CrossSlot {
+    Err(crate::model::invalid::InvalidInput::CrossSlot {
         keys: keys.map(|key| (key.to_owned(), slot_number(key))).collect(),
     })
 }
@@ -179,7 +179,8 @@ mod tests {
         let keys = vec!["{user42}:cart".to_owned(), "{user42}:wallet".to_owned()];
         assert_eq!(check_one_slot(&keys, Some("{user42}:cart:fence")), Ok(()));
         let keys = vec!["cart".to_owned(), "wallet".to_owned()];
-        let Err(crate::error::InvalidInput::CrossSlot { keys }) = check_one_slot(&keys, None)
+        let Err(crate::model::invalid::InvalidInput::CrossSlot { keys }) =
+            check_one_slot(&keys, None)
         else {
             panic!("cart and wallet hash to different slots");
         };

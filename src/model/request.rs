@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::InvalidInput;
-use crate::mode::Modes;
-use crate::validate;
-use crate::value::Owner;
+use crate::model::invalid::InvalidInput;
+use crate::model::mode::Modes;
+use crate::model::validate;
+use crate::model::value::Owner;
 
 /// A validated time to live: the duration asked for, and whole milliseconds (rounded up).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::error::InvalidInput;
+use crate::model::invalid::InvalidInput;
 
 /// The most keys one lock may hold: 2,500. Checked before anything is sent.
 ///
@@ -31,7 +31,7 @@ const SMALL_SET: usize = 16;
 
 /// Checks a key set: not empty, no empty key, no duplicate, at most [`MAX_KEYS`].
 // What names lockset's waiter queues and records (see `lua/queue.lua`).
-use crate::slots::QUEUE_SUFFIX as QUEUE_MARK;
+use crate::model::names::QUEUE_SUFFIX as QUEUE_MARK;
 
 pub(crate) fn keys(keys: &[String]) -> Result<(), InvalidInput> {
     if keys.is_empty() {

@@ -17,7 +17,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rand::Rng as _;
 
-use crate::error::InvalidInput;
+use crate::model::invalid::InvalidInput;
 
 /// Random bytes in a generated token.
 const TOKEN_BYTES: usize = 16;

@@ -11,6 +11,8 @@
 //! metrics in one go; a lock found lost goes through [`lost`], and the end of a holding
 //! through [`ended`]. Nothing else records a figure.
 
+pub(crate) mod meter;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +20,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Span;
 
+use self::meter::{End, Holding, Meter, Waiting};
 use crate::error::Error;
-use crate::meter::{self, End, Holding, Meter, Waiting};
 
 /// What an obtain (or refresh) attempt ran into, before it is retried.
 #[derive(Debug)]

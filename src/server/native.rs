@@ -35,6 +35,8 @@
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
+use crate::error::classify::refuses_command;
+
 use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisError, RedisResult, Value};
 
@@ -283,32 +285,6 @@ fn mentions_token(value: &Value, token: &str) -> bool {
     }
 }
 
-/// Whether `err` refuses a command as such: the server does not know it or one of its
-/// options, or the ACL user may not run it. (Not an error about the key, such as WRONGTYPE.)
-pub(crate) fn is_refused(err: &RedisError) -> bool {
-    is_syntax_error(err) || err.code() == Some("NOPERM") || refuses_command(err)
-}
-
-/// Whether `err` refuses the command itself, whatever its arguments: the server does not
-/// know it (or it was renamed away), or the ACL user may not run it. (Not a refusal of the
-/// keys it names, nor of a command a script runs.)
-pub(crate) fn refuses_command(err: &RedisError) -> bool {
-    let said = |text: &str| {
-        err.detail()
-            .is_some_and(|detail| detail.to_ascii_lowercase().contains(text))
-    };
-    match err.code() {
-        Some("NOPERM") => said("permissions to run"),
-        Some("ERR") => said("unknown command"),
-        _ => false,
-    }
-}
-
-/// Whether `err` says the server does not understand a command's arguments.
-pub(crate) fn is_syntax_error(err: &RedisError) -> bool {
-    err.code() == Some("ERR") && err.detail().is_some_and(|d| d.contains("syntax error"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,33 +296,6 @@ mod tests {
                 _ => "<other>".to_owned(),
             })
             .collect()
-    }
-
-    fn server_error(line: &str) -> RedisError {
-        match redis::parse_redis_value(line.as_bytes()).map(Value::extract_error) {
-            Ok(Err(err)) => err,
-            other => panic!("not an error reply: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn only_a_refusal_of_the_command_itself_refuses_scripts() {
-        for line in [
-            "-NOPERM User locker has no permissions to run the 'evalsha' command\r\n",
-            "-NOPERM this user has no permissions to run the 'eval' command or its subcommand\r\n",
-            "-ERR unknown command 'EVALSHA', with args beginning with: 'abc' '0' \r\n",
-            "-ERR unknown command `EVALSHA`, with args beginning with: `abc`, `0`, \r\n",
-        ] {
-            assert!(refuses_command(&server_error(line)), "{line}");
-        }
-        for line in [
-            "-NOPERM No permissions to access a key\r\n",
-            "-ERR The user executing the script can't access at least one of the keys\r\n",
-            "-NOSCRIPT No matching script. Please use EVAL.\r\n",
-            "-LOADING Redis is loading the dataset in memory\r\n",
-        ] {
-            assert!(!refuses_command(&server_error(line)), "{line}");
-        }
     }
 
     #[test]

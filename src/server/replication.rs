@@ -42,8 +42,9 @@ use std::time::Duration;
 use redis::{Cmd, Pipeline};
 use tokio::time::Instant;
 
-use crate::error::{Error, InvalidInput};
-use crate::waiting::events::lock;
+use crate::error::Error;
+use crate::model::invalid::InvalidInput;
+use crate::rt::lock;
 
 /// How many replicas must acknowledge a lock's writes before the lock counts as obtained or
 /// refreshed (see [`Client::replicated`](crate::Client::replicated)).

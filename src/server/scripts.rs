@@ -32,30 +32,32 @@ const FENCE_GOES_HERE: &str = "-- (fence.lua goes here)\n";
 /// `script` with `owner.lua`, `queue.lua` and `fence.lua` in place of their marker lines.
 fn bundle(script: &str) -> Lua {
     let script = script
-        .replacen(OWNER_GOES_HERE, include_str!("../lua/owner.lua"), 1)
-        .replacen(QUEUE_GOES_HERE, include_str!("../lua/queue.lua"), 1)
-        .replacen(FENCE_GOES_HERE, include_str!("../lua/fence.lua"), 1);
+        .replacen(OWNER_GOES_HERE, include_str!("../../lua/owner.lua"), 1)
+        .replacen(QUEUE_GOES_HERE, include_str!("../../lua/queue.lua"), 1)
+        .replacen(FENCE_GOES_HERE, include_str!("../../lua/fence.lua"), 1);
     Lua::new(script)
 }
 
 /// Locks every key or none; re-entrant by owner tag; queues a fair waiter.
 pub(crate) static OBTAIN: LazyLock<Lua> =
-    LazyLock::new(|| bundle(include_str!("../lua/obtain.lua")));
+    LazyLock::new(|| bundle(include_str!("../../lua/obtain.lua")));
 
 /// The smallest remaining TTL of a held lock.
-pub(crate) static PTTL: LazyLock<Lua> = LazyLock::new(|| bundle(include_str!("../lua/pttl.lua")));
+pub(crate) static PTTL: LazyLock<Lua> =
+    LazyLock::new(|| bundle(include_str!("../../lua/pttl.lua")));
 
 /// Extends every key of a held lock.
 pub(crate) static REFRESH: LazyLock<Lua> =
-    LazyLock::new(|| bundle(include_str!("../lua/refresh.lua")));
+    LazyLock::new(|| bundle(include_str!("../../lua/refresh.lua")));
 
 /// Deletes every key of a held lock, handing each to its queue's first waiter; a fair
 /// waiter that gives up leaves its queues through it too.
 pub(crate) static RELEASE: LazyLock<Lua> =
-    LazyLock::new(|| bundle(include_str!("../lua/release.lua")));
+    LazyLock::new(|| bundle(include_str!("../../lua/release.lua")));
 
 /// Every operation on a lock that holds some key shared or as a permit.
-pub(crate) static MODES: LazyLock<Lua> = LazyLock::new(|| bundle(include_str!("../lua/modes.lua")));
+pub(crate) static MODES: LazyLock<Lua> =
+    LazyLock::new(|| bundle(include_str!("../../lua/modes.lua")));
 
 /// How releases are announced on a single server, and what `release.lua` assumes when not
 /// told otherwise.

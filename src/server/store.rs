@@ -12,12 +12,13 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 
+use crate::error::classify;
 use crate::error::{Error, Result};
-use crate::mode::{Mode, Modes};
-use crate::native::{self, Natives};
-use crate::replication::{Acks, Address, Promotable, Replicas, Replicated, Replication};
-use crate::request::{Claim, Ticket, Try};
-use crate::scripts::{self, Lua};
+use crate::model::mode::{Mode, Modes};
+use crate::model::request::{Claim, Ticket, Try};
+use crate::server::native::{self, Natives};
+use crate::server::replication::{Acks, Address, Promotable, Replicas, Replicated, Replication};
+use crate::server::scripts::{self, Lua};
 
 /// What one obtain attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -419,7 +420,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Err(err) if err.code() == Some("WRONGTYPE") => Err(Error::WrongType {
                 key: key.to_owned(),
             }),
-            Err(err) if native::is_syntax_error(&err) => {
+            Err(err) if classify::is_syntax_error(&err) => {
                 tracing::debug!("server rejects SET NX GET; obtaining single keys by script");
                 self.set_nx_get.store(false, Ordering::Relaxed);
                 Ok(None)
@@ -568,7 +569,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         if err.code().is_none() {
             return Err(err.into());
         }
-        if native::is_refused(&err) {
+        if classify::refuses_command_form(&err) {
             self.natives.give_up(&err);
         }
         Ok(())
@@ -858,7 +859,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 /// A script's error: [`Error::ScriptsRefused`] when the server refuses to run scripts at
 /// all (the ACL user lost them since the first obtain checked, or they were renamed away).
 fn script_error(err: RedisError) -> Error {
-    if !native::refuses_command(&err) {
+    if !classify::refuses_command(&err) {
         return err.into();
     }
     let err = crate::error::redact(err);

@@ -7,10 +7,10 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use crate::error::Result;
-use crate::quorum::Quorum;
-use crate::request::{Claim, Try};
-use crate::store::{Obtain, Store};
-use crate::stragglers::Stragglers;
+use crate::model::request::{Claim, Try};
+use crate::server::store::{Obtain, Store};
+use crate::topology::quorum::Quorum;
+use crate::topology::stragglers::Stragglers;
 
 /// One server, or a quorum of masters.
 ///

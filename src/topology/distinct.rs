@@ -19,8 +19,9 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use tokio::time::{error::Elapsed, timeout};
 
-use crate::error::{Error, InvalidInput};
-use crate::store::Store;
+use crate::error::Error;
+use crate::model::invalid::InvalidInput;
+use crate::server::store::Store;
 
 /// What is known of each master's identity, and the first pair found to be one server.
 pub(crate) struct Identities {
@@ -141,7 +142,7 @@ mod tests {
         ids.record(1, Identity::RunId("a".into()));
         assert!(matches!(
             ids.duplicate(),
-            Some(crate::InvalidInput::DuplicateNode {
+            Some(crate::model::invalid::InvalidInput::DuplicateNode {
                 first: 1,
                 second: 2
             })

@@ -38,10 +38,11 @@ use futures_util::StreamExt as _;
 use redis::aio::ConnectionLike;
 use tokio::time::{error::Elapsed, timeout};
 
-use crate::error::{Error, NodeFailure, is_unreachable};
-use crate::request::OwnedClaim;
-use crate::store::Store;
-use crate::tasks::Tasks;
+use crate::error::classify::is_unreachable;
+use crate::error::{Error, NodeFailure};
+use crate::model::request::OwnedClaim;
+use crate::rt::tasks::Tasks;
+use crate::server::store::Store;
 
 /// How long the probe waits for one `PING`'s answer before it sends the next.
 pub(crate) const PROBE_LIMIT: Duration = Duration::from_millis(200);
@@ -98,7 +99,7 @@ impl Health {
         self: &Arc<Self>,
         store: &Arc<Store<C>>,
         limit: Duration,
-        bounded: impl Future<Output = Result<crate::Result<T>, Elapsed>>,
+        bounded: impl Future<Output = Result<crate::error::Result<T>, Elapsed>>,
     ) -> Result<T, NodeFailure>
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -127,7 +128,7 @@ impl Health {
         store: &Arc<Store<C>>,
         claim: &OwnedClaim,
         limit: Duration,
-        bounded: impl Future<Output = Result<crate::Result<T>, Elapsed>>,
+        bounded: impl Future<Output = Result<crate::error::Result<T>, Elapsed>>,
     ) -> Result<T, NodeFailure>
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -269,9 +270,9 @@ mod tests {
     use std::time::Duration;
 
     use super::{Health, MAX_OWED_BYTES};
-    use crate::request::{Claim, Ttl};
-    use crate::tasks::Tasks;
-    use crate::value::Owner;
+    use crate::model::request::{Claim, Ttl};
+    use crate::model::value::Owner;
+    use crate::rt::tasks::Tasks;
 
     /// Debts keep the keys and the owner tag, not the metadata, and stay under the bound:
     /// the oldest go first.

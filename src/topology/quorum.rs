@@ -41,14 +41,15 @@ use redis::aio::ConnectionLike;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, timeout};
 
-use crate::distinct::Identities;
-use crate::error::{Error, InvalidInput, NodeFailure, QuorumOp, Result};
-use crate::health::Health;
-use crate::mode::Mode;
-use crate::request::{Claim, OwnedClaim, Try};
-use crate::store::{Holding, Obtain, Store};
-use crate::stragglers::{Stragglers, Writing};
-use crate::tasks::Tasks;
+use crate::error::{Error, NodeFailure, QuorumOp, Result};
+use crate::model::invalid::InvalidInput;
+use crate::model::mode::Mode;
+use crate::model::request::{Claim, OwnedClaim, Try};
+use crate::rt::tasks::Tasks;
+use crate::server::store::{Holding, Obtain, Store};
+use crate::topology::distinct::Identities;
+use crate::topology::health::Health;
+use crate::topology::stragglers::{Stragglers, Writing};
 
 /// Settings of a Redlock quorum ([`Client::quorum`](crate::Client::quorum)).
 ///

@@ -17,7 +17,8 @@ use redis::{ClientTlsConfig, IntoConnectionInfo, TlsCertificates};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::error::{InvalidInput, Result};
+use crate::error::Result;
+use crate::model::invalid::InvalidInput;
 
 /// TLS settings for `rediss://` servers: the certificate authorities to trust (the system's
 /// roots unless given), and a client certificate for servers that ask for one
@@ -176,23 +177,6 @@ pub(crate) fn provide_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Whether `err` is a TLS handshake that failed: the server's certificate not trusted (an
-/// unknown CA, another host name, expired), or ours refused or missing (an alert from the
-/// server). rustls reports these inside the I/O error redis-rs keeps (in an `Arc`; the I/O
-/// error's own `source` skips the rustls error, so the chain is not enough).
-pub(crate) fn is_refusal(err: &redis::RedisError) -> bool {
-    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
-    let Some(source) = std::error::Error::source(err) else {
-        return false;
-    };
-    let io = match source.downcast_ref::<Shared>() {
-        Some(shared) => shared.downcast_ref::<std::io::Error>(),
-        None => source.downcast_ref::<std::io::Error>(),
-    };
-    io.and_then(std::io::Error::get_ref)
-        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-}
-
 /// Checks that `pem` holds at least one certificate.
 fn certificates(pem: &[u8], what: &str) -> Result<()> {
     let parsed: Vec<_> = CertificateDer::pem_slice_iter(pem).collect();
@@ -228,7 +212,10 @@ mod tests {
     fn a_file_without_certificates_is_refused() {
         let err = Tls::new().ca_pem("not a certificate").unwrap_err();
         assert!(
-            matches!(err, crate::Error::InvalidInput(InvalidInput::Tls { .. })),
+            matches!(
+                err,
+                crate::error::Error::InvalidInput(InvalidInput::Tls { .. })
+            ),
             "{err:?}"
         );
         let err = Tls::new()
@@ -236,15 +223,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("/nonexistent/ca.pem"), "{err}");
-    }
-
-    #[test]
-    fn a_rejected_certificate_is_a_refusal() {
-        let rustls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
-        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls);
-        assert!(is_refusal(&redis::RedisError::from(io)));
-        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        assert!(!is_refusal(&redis::RedisError::from(reset)));
     }
 
     #[test]

@@ -41,9 +41,12 @@
 //! subscriptions or pings repeatedly is replaced; a server that refuses subscriptions (a user
 //! without channel rights) is asked again only after a pause.
 
+#[cfg(feature = "cluster")]
+use crate::error::classify::is_unknown_command;
+use crate::rt::lock;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rand::Rng as _;
@@ -52,8 +55,8 @@ use redis::{PushInfo, PushKind, RedisError, RedisResult, Value};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::request::Handed;
-use crate::sentinel::SentinelConnection;
+use crate::model::request::Handed;
+use crate::topology::sentinel::SentinelConnection;
 
 /// Channels nobody waits for stay subscribed this long, for the next waiter.
 const IDLE: Duration = Duration::from_secs(1);
@@ -1056,18 +1059,6 @@ fn bytes(value: &Value) -> Option<&[u8]> {
         Value::BulkString(bytes) => Some(bytes),
         _ => None,
     }
-}
-
-#[cfg(feature = "cluster")]
-fn is_unknown_command(err: &RedisError) -> bool {
-    err.to_string()
-        .to_ascii_lowercase()
-        .contains("unknown command")
-}
-
-/// Locks a mutex; a panic elsewhere while holding it leaves the map consistent enough.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Runs `future` up to its first pending point (for a Redis command: queued on the

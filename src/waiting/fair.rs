@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::request::{Claim, Handed, OwnedClaim, Ticket, Ttl};
-use crate::value::Owner;
-use crate::waiting::events::{lock, release_payload};
+use crate::model::request::{Claim, Handed, OwnedClaim, Ticket, Ttl};
+use crate::model::value::Owner;
+use crate::rt::lock;
+use crate::waiting::events::release_payload;
 
 /// How many of a stint's latest attempts it remembers the send time of: a hand-off names
 /// the last one that queued or renewed it, which is one of the latest (attempts are made

@@ -7,8 +7,13 @@
 //! - `events`: release events (one pub/sub connection per client) that wake waiters, and
 //!   the hand-off notices that tell a fair waiter it was handed the lock.
 //! - `fair`: a fair obtain's place in the waiter queues in Redis (`lua/queue.lua`).
+//! - `reader`: who waits for a key, read from its queue (public: `read_queue`).
+//!
+//! May import `topology`, `server`, `observe`, `error`, `model` and `rt` (`tests/layers.rs`
+//! checks).
 
 pub(crate) mod events;
 pub(crate) mod fair;
 pub(crate) mod policy;
+pub(crate) mod reader;
 pub(crate) mod waiter;

@@ -6,13 +6,14 @@ use std::future::Future;
 use std::pin::pin;
 use std::time::Duration;
 
-use redis::{RedisError, RetryMethod};
+use redis::RedisError;
 use tokio::time::Instant;
 
+use crate::error::classify::{is_access_refusal, is_transient};
 use crate::error::{Error, NodeFailure, QuorumOp, Result};
+use crate::model::request::Try;
+use crate::model::retry::{Retry, RetryStrategy as _};
 use crate::observe::{Blocked, OnRetry, Progress, RetryEvent, retrying};
-use crate::request::Try;
-use crate::retry::{Retry, RetryStrategy as _};
 pub(crate) use crate::waiting::waiter::Waiter;
 
 /// What one attempt concluded.
@@ -57,7 +58,7 @@ impl<T> Step<T> {
             } => {
                 let refusing = failures
                     .iter()
-                    .filter(|(_, failure)| matches!(failure, NodeFailure::Redis(redis) if is_refusal(redis)))
+                    .filter(|(_, failure)| matches!(failure, NodeFailure::Redis(redis) if is_access_refusal(redis)))
                     .count();
                 if nodes.saturating_sub(refusing) < *needed {
                     Self::Stop(err)
@@ -372,31 +373,6 @@ fn at_deadline(failure: Error) -> Error {
         Error::NotObtained => Error::DeadlineExceeded,
         other => other,
     }
-}
-
-/// Errors that say nothing about the lock itself: the connection, a timeout, a busy or
-/// failing-over server. A refused login or certificate is not one (see [`is_refusal`]).
-pub(crate) fn is_transient(err: &RedisError) -> bool {
-    !is_refusal(err) && (err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry))
-}
-
-/// Whether the server refused who we are, or we refused who it is: a wrong password or user,
-/// missing permissions, a certificate not trusted (or ours not accepted). Trying again until
-/// a deadline would only hide a setting to fix.
-pub(crate) fn is_refusal(err: &RedisError) -> bool {
-    err.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
-        || is_tls_refusal(err)
-}
-
-#[cfg(feature = "tls")]
-fn is_tls_refusal(err: &RedisError) -> bool {
-    crate::tls::is_refusal(err)
-}
-
-#[cfg(not(feature = "tls"))]
-fn is_tls_refusal(_: &RedisError) -> bool {
-    false
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, RedisResult, Value};
 
-use crate::slots::queue_key_for;
-use crate::value::parse_value;
+use crate::model::names::queue_key_for;
+use crate::model::value::parse_value;
 
 /// One waiter in a key's queue, as [`read_queue`] found it. Never its token.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -33,8 +33,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::mode::{Mode, Modes};
-use crate::slots::release_channel;
+use crate::model::mode::{Mode, Modes};
+use crate::model::names::release_channel;
 use crate::waiting::events::{Events, Grant, Subscription};
 use crate::waiting::fair::Fair;
 use crate::waiting::policy::Held;

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use redis::{ErrorKind, RedisError, Value};
 
-use crate::replication::Address;
+use crate::server::replication::Address;
 
 /// A replica whose last good ping reply is older than this is not promoted by Sentinel
 /// (five ping periods of one second).

@@ -51,10 +51,11 @@ use redis::{
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::error::{InvalidInput, Result, unavailable};
-use crate::replication::{Address, Promotable, Replication};
-use crate::store::Deployment;
-use crate::waiting::events::lock;
+use crate::error::{Result, unavailable};
+use crate::model::invalid::InvalidInput;
+use crate::rt::lock;
+use crate::server::replication::{Address, Promotable, Replication};
+use crate::server::store::Deployment;
 
 mod census;
 mod primary;
@@ -100,7 +101,7 @@ pub struct SentinelConfig {
     restart_grace: Duration,
     /// TLS for the data nodes, and the certificates for `rediss://` sentinels.
     #[cfg(feature = "tls")]
-    tls: Option<crate::Tls>,
+    tls: Option<crate::topology::tls::Tls>,
 }
 
 impl SentinelConfig {
@@ -223,7 +224,7 @@ impl SentinelConfig {
     /// ```
     #[cfg(feature = "tls")]
     #[must_use]
-    pub fn tls(self, tls: crate::Tls) -> Self {
+    pub fn tls(self, tls: crate::topology::tls::Tls) -> Self {
         Self {
             tls: Some(tls),
             ..self

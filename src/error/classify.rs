@@ -1,0 +1,153 @@
+//! What a Redis error means for a lock, decided here and nowhere else: the connection failed
+//! or no answer came, the server is changing over (a failover, a restart), the outcome is
+//! unknown, the server refuses who we are, or refuses a command as such.
+
+use redis::{RedisError, RetryMethod};
+
+/// Errors of the connection, not of the command: nothing reached Redis, or no answer came.
+/// A TLS handshake that failed over a certificate is an I/O error too, but not one of these:
+/// a setting to fix (see [`is_access_refusal`]).
+pub(crate) fn is_unreachable(err: &RedisError) -> bool {
+    (err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_io_error())
+        && !is_access_refusal(err)
+}
+
+/// The server answered that it cannot serve the request now: it is no longer the primary,
+/// still loading, or its cluster or primary is down. Nothing ran.
+pub(crate) fn is_changing_over(err: &RedisError) -> bool {
+    use redis::ServerErrorKind as Kind;
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(
+            Kind::ReadOnly
+                | Kind::BusyLoading
+                | Kind::MasterDown
+                | Kind::ClusterDown
+                | Kind::TryAgain
+        )
+    )
+}
+
+/// No intact reply came (none, or a cut one): the request may or may not have run. A
+/// refused connection is not one: nothing was sent.
+pub(crate) fn is_outcome_unknown(err: &RedisError) -> bool {
+    (is_unreachable(err) && !err.is_connection_refusal()) || err.kind() == redis::ErrorKind::Parse
+}
+
+/// Errors that say nothing about the lock itself: the connection, a timeout, a busy or
+/// failing-over server. A refused login or certificate is not one (see
+/// [`is_access_refusal`]).
+pub(crate) fn is_transient(err: &RedisError) -> bool {
+    !is_access_refusal(err)
+        && (err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry))
+}
+
+/// Whether the server refused who we are, or we refused who it is: a wrong password or user,
+/// missing permissions, a certificate not trusted (or ours not accepted). Trying again until
+/// a deadline would only hide a setting to fix.
+pub(crate) fn is_access_refusal(err: &RedisError) -> bool {
+    err.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        || is_tls_refusal(err)
+}
+
+/// Whether `err` is a TLS handshake that failed: the server's certificate not trusted (an
+/// unknown CA, another host name, expired), or ours refused or missing (an alert from the
+/// server). rustls reports these inside the I/O error redis-rs keeps (in an `Arc`; the I/O
+/// error's own `source` skips the rustls error, so the chain is not enough).
+#[cfg(feature = "tls")]
+pub(crate) fn is_tls_refusal(err: &RedisError) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let Some(source) = std::error::Error::source(err) else {
+        return false;
+    };
+    let io = match source.downcast_ref::<Shared>() {
+        Some(shared) => shared.downcast_ref::<std::io::Error>(),
+        None => source.downcast_ref::<std::io::Error>(),
+    };
+    io.and_then(std::io::Error::get_ref)
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+}
+
+/// Without TLS, no handshake can fail.
+#[cfg(not(feature = "tls"))]
+pub(crate) fn is_tls_refusal(_: &RedisError) -> bool {
+    false
+}
+
+/// Whether `err` refuses a command or the form it was sent in: the server does not know it
+/// or one of its options, or the ACL user may not run it. (Not an error about the key, such
+/// as WRONGTYPE.)
+pub(crate) fn refuses_command_form(err: &RedisError) -> bool {
+    is_syntax_error(err) || err.code() == Some("NOPERM") || refuses_command(err)
+}
+
+/// Whether `err` refuses the command itself, whatever its arguments: the server does not
+/// know it (or it was renamed away), or the ACL user may not run it. (Not a refusal of the
+/// keys it names, nor of a command a script runs.)
+pub(crate) fn refuses_command(err: &RedisError) -> bool {
+    match err.code() {
+        Some("NOPERM") => err
+            .detail()
+            .is_some_and(|detail| detail.to_ascii_lowercase().contains("permissions to run")),
+        _ => is_unknown_command(err),
+    }
+}
+
+/// Whether the server does not know the command (or it was renamed away). Read off the whole
+/// text: a cluster connection may wrap the server's reply.
+pub(crate) fn is_unknown_command(err: &RedisError) -> bool {
+    err.to_string()
+        .to_ascii_lowercase()
+        .contains("unknown command")
+}
+
+/// Whether `err` says the server does not understand a command's arguments.
+pub(crate) fn is_syntax_error(err: &RedisError) -> bool {
+    err.code() == Some("ERR") && err.detail().is_some_and(|d| d.contains("syntax error"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(line: &str) -> RedisError {
+        match redis::parse_redis_value(line.as_bytes()).map(redis::Value::extract_error) {
+            Ok(Err(err)) => err,
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_a_refusal_of_the_command_itself_refuses_scripts() {
+        for line in [
+            "-NOPERM User locker has no permissions to run the 'evalsha' command\r\n",
+            "-NOPERM this user has no permissions to run the 'eval' command or its subcommand\r\n",
+            "-ERR unknown command 'EVALSHA', with args beginning with: 'abc' '0' \r\n",
+            "-ERR unknown command `EVALSHA`, with args beginning with: `abc`, `0`, \r\n",
+        ] {
+            assert!(refuses_command(&server_error(line)), "{line}");
+        }
+        for line in [
+            "-NOPERM No permissions to access a key\r\n",
+            "-ERR The user executing the script can't access at least one of the keys\r\n",
+            "-NOSCRIPT No matching script. Please use EVAL.\r\n",
+            "-LOADING Redis is loading the dataset in memory\r\n",
+        ] {
+            assert!(!refuses_command(&server_error(line)), "{line}");
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_rejected_certificate_is_a_refusal() {
+        let rustls = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidData, rustls);
+        assert!(is_tls_refusal(&RedisError::from(io)));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(!is_tls_refusal(&RedisError::from(reset)));
+    }
+}

@@ -1,0 +1,16 @@
+//! What a lock is, as data, with no I/O: modes, keys, tokens and stored values, the names
+//! derived from a key (queue, fencing counter, release channel, hash slot), the request
+//! built once per operation, retry strategies, and the checks of input that run before
+//! anything is sent.
+//!
+//! May import nothing of this crate outside `model` (`tests/layers.rs` checks).
+
+pub(crate) mod fencing;
+pub(crate) mod invalid;
+pub(crate) mod key;
+pub(crate) mod mode;
+pub(crate) mod names;
+pub(crate) mod request;
+pub(crate) mod retry;
+pub(crate) mod validate;
+pub(crate) mod value;
