@@ -1,0 +1,185 @@
+//! Making a client for each topology: one server (plain or TLS), a Sentinel deployment and
+//! a Redis Cluster.
+
+use super::*;
+
+#[cfg(feature = "cluster")]
+impl Client<redis::cluster_async::ClusterConnection> {
+    /// A client for a Redis Cluster (feature `cluster`).
+    ///
+    /// See the guide: [Redis Cluster](crate::guide::cluster).
+    ///
+    /// Before anything is sent, every key of a lock, and its fencing counter, must hash to
+    /// one slot, else [`InvalidInput::CrossSlot`] names the keys and their slots: give them a
+    /// common hash tag (`{user42}:cart`, `{user42}:wallet`). A script the node serving the
+    /// slot lacks (NOSCRIPT) is sent there whole by EVAL, and MOVED/ASK redirections
+    /// during a resharding are followed by the cluster connection. Releases are announced with
+    /// sharded pub/sub (SPUBLISH); waiters of a client made here poll, those of
+    /// [`Client::connect_cluster`] are woken by release events.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// let nodes = ["redis://127.0.0.1:7000/", "redis://127.0.0.1:7001/"];
+    /// let conn = lockset::redis::cluster::ClusterClient::new(nodes.to_vec())?
+    ///     .get_async_connection()
+    ///     .await?;
+    /// let client = lockset::Client::cluster(conn);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn cluster(conn: redis::cluster_async::ClusterConnection) -> Self {
+        let store = Arc::new(Store::new_cluster(conn));
+        Self::with_backend(Backend::Single(store), true, Tasks::default())
+    }
+
+    /// Connects to a Redis Cluster through the seed nodes `nodes` (feature `cluster`), with
+    /// release events on: waiters listen with sharded pub/sub (SSUBSCRIBE, or SUBSCRIBE
+    /// before Redis 7) on the shard that owns the key, following slot moves.
+    ///
+    /// See the guide: [Redis Cluster](crate::guide::cluster).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// let client = lockset::Client::connect_cluster(["redis://127.0.0.1:7000/"]).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect_cluster<T>(nodes: impl IntoIterator<Item = T>) -> Result<Self>
+    where
+        T: redis::IntoConnectionInfo,
+    {
+        let nodes = nodes
+            .into_iter()
+            .map(redis::IntoConnectionInfo::into_connection_info)
+            .collect::<redis::RedisResult<Vec<_>>>()?;
+        let conn = redis::cluster::ClusterClient::new(nodes.clone())?
+            .get_async_connection()
+            .await?;
+        let client = Self::cluster(conn);
+        let _ = client.inner.events.set(Box::new([Events::cluster(nodes)]));
+        Ok(client)
+    }
+}
+
+impl Client<ConnectionManager> {
+    /// Connects to `url` (e.g. `redis://127.0.0.1:6379/`, or `redis://USER:PASSWORD@HOST/`)
+    /// with a [`ConnectionManager`] and redis-rs's default timeouts, with release events on
+    /// (see [`Client::with_release_events`]). With the `tls` feature, a `rediss://` URL
+    /// connects over TLS, trusting the system's roots (see `Client::connect_with_tls`, feature `tls`, for
+    /// others).
+    ///
+    /// See the guide: [getting started](crate::guide::getting_started).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] when the server cannot be reached (after redis-rs's connection
+    /// retries, about 6 s), and at once when it refuses the login or the TLS handshake
+    /// fails (an untrusted certificate): a setting to fix, not a failure to wait out.
+    pub async fn connect(url: &str) -> Result<Self> {
+        #[cfg(feature = "tls")]
+        let client = crate::topology::tls::Tls::new().redis_client(url)?;
+        #[cfg(not(feature = "tls"))]
+        let client = redis::Client::open(url)?;
+        Self::connect_client(client).await
+    }
+
+    /// Connects to `url` as [`Client::connect`] does, over TLS with the certificate
+    /// authorities and client certificate of `tls` when the URL is `rediss://` (feature
+    /// `tls`). Release events connect the same way.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// let tls = lockset::Tls::new().ca_file("/etc/redis/ca.pem")?;
+    /// let client = lockset::Client::connect_with_tls("rediss://:secret@redis.internal:6380/", &tls).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::connect`]; a server whose certificate `tls` does not trust is refused at
+    /// once.
+    #[cfg(feature = "tls")]
+    pub async fn connect_with_tls(url: &str, tls: &crate::topology::tls::Tls) -> Result<Self> {
+        Self::connect_client(tls.redis_client(url)?).await
+    }
+
+    pub(super) async fn connect_client(client: redis::Client) -> Result<Self> {
+        let conn = manager(&client).await?;
+        Self::new(conn).with_release_events(client)
+    }
+}
+
+/// A connection manager for `client`. redis-rs's manager tries a first connection 6 times
+/// over about 6 s, whatever failed; beside it, one plain attempt tells at once when the server
+/// refuses the login or the certificate, which no retry would change.
+pub(super) async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
+    let refused = async {
+        let attempt = client.get_multiplexed_async_connection().await;
+        if let Err(err) = attempt
+            && classify::is_access_refusal(&err)
+        {
+            return err;
+        }
+        std::future::pending().await
+    };
+    tokio::select! {
+        conn = ConnectionManager::new(client.clone()) => conn,
+        err = refused => Err(err),
+    }
+}
+
+impl Client<SentinelConnection> {
+    /// Connects to the primary that the sentinels of `config` name, and follows it across
+    /// failovers (see [`SentinelConnection`]), with release events on (they follow the
+    /// primary too) and lock writes replicated as `config` says (by default: every replica
+    /// the primary has in sync acknowledges each obtain and refresh; see
+    /// [`Client::replicated`] and [`Replication::all`]).
+    ///
+    /// See the guide: [failover](crate::guide::failover).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// use std::time::Duration;
+    /// use lockset::{Client, Options, SentinelConfig};
+    ///
+    /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
+    /// let client = Client::connect_sentinel(SentinelConfig::new(sentinels, "locks")?).await?;
+    /// let lock = client.obtain("report", Duration::from_secs(10), &Options::default()).await?;
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::UnknownMaster`] when a majority of the sentinels does not know the
+    /// master's name; [`Error::Redis`] when the sentinels refuse the login, when no majority
+    /// of them answers or names one primary, or when it cannot be reached; the errors of
+    /// [`Client::replicated`] (for example [`Error::NotReplicated`] when the primary has
+    /// fewer replicas connected than the sentinels could promote, or than asked for: worth
+    /// retrying, as every [`Error::is_unavailable`] error is). Nothing is written.
+    pub async fn connect_sentinel(config: SentinelConfig) -> Result<Self> {
+        config.replication_settings().check()?;
+        Self::sentinel(SentinelConnection::connect(config).await?).await
+    }
+
+    /// A client over `conn`, a connection that follows the primary of a Sentinel
+    /// deployment, with release events that follow it too and lock writes replicated as its
+    /// [`SentinelConfig`] says: what [`Client::connect_sentinel`] makes, for a caller that
+    /// keeps the connection for commands of its own.
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`Client::replicated`].
+    pub async fn sentinel(conn: SentinelConnection) -> Result<Self> {
+        let replication = conn.replication_settings();
+        let client = Self::new(conn.clone());
+        for store in client.backend().stores() {
+            store.follow(Arc::new(conn.clone()));
+        }
+        let _ = client.inner.address.set(conn.name());
+        let _ = client.inner.events.set(Box::new([Events::sentinel(conn)]));
+        client.replicated(replication).await
+    }
+}
