@@ -97,8 +97,9 @@
     clippy::print_stderr
 )]
 
-// The layers, bottom to top; each folder's `mod.rs` says its job and what it may import,
-// and `tests/layers.rs` fails on an import that points up.
+// The layers, bottom to top: rt, model, error, observe, server, topology, waiting, client,
+// blocking. Each folder's `mod.rs` says its job and what it may import, and
+// `tests/layers.rs` fails on an import that points up.
 #[cfg(feature = "blocking")]
 pub mod blocking;
 mod client;
@@ -133,6 +134,7 @@ pub use topology::quorum::{MIN_NODE_TIMEOUT, QuorumConfig};
 pub use topology::sentinel::{SentinelConfig, SentinelConnection};
 #[cfg(feature = "tls")]
 pub use topology::tls::Tls;
+pub use waiting::inspect::{Holder, Holding, KeyState, inspect};
 pub use waiting::reader::{QueuedWaiter, read_queue};
 
 /// The redis-rs version this crate is built with, so your connections match.

@@ -8,12 +8,14 @@
 //!   the hand-off notices that tell a fair waiter it was handed the lock.
 //! - `fair`: a fair obtain's place in the waiter queues in Redis (`lua/queue.lua`).
 //! - `reader`: who waits for a key, read from its queue (public: `read_queue`).
+//! - `inspect`: who holds a key and how, and who waits for it (public: `inspect`).
 //!
 //! May import `topology`, `server`, `observe`, `error`, `model` and `rt` (`tests/layers.rs`
 //! checks).
 
 pub(crate) mod events;
 pub(crate) mod fair;
+pub(crate) mod inspect;
 pub(crate) mod policy;
 pub(crate) mod reader;
 pub(crate) mod waiter;

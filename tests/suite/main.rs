@@ -23,6 +23,7 @@ mod fair_modes;
 mod faults;
 mod fencing;
 mod gaps;
+mod inspect;
 mod invalid_input;
 mod lifecycle;
 mod long_work;

@@ -194,3 +194,89 @@ fn a_redlock_quorum_shows_each_masters_queue() {
         "{text}"
     );
 }
+
+/// Holds `key` in `mode` as `metadata` for `ttl`, through the library (the command line
+/// takes keys exclusively only).
+async fn hold(
+    client: &lockset::Client<lockset::redis::aio::ConnectionManager>,
+    key: &str,
+    mode: lockset::Mode,
+    metadata: &str,
+    ttl: Duration,
+) -> lockset::Lock<lockset::redis::aio::ConnectionManager> {
+    let options = lockset::Options::default().metadata(metadata);
+    client
+        .obtain((key, mode), ttl, &options)
+        .await
+        .expect("obtained")
+}
+
+#[tokio::test]
+async fn status_lists_every_holder_of_a_shared_and_of_a_counted_key() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let client = lockset::Client::connect(&server.url()).await.unwrap();
+    let shared = lockset::Mode::Shared;
+    let permits = lockset::Mode::Permit { limit: 3 };
+    let _a = hold(&client, "doc", shared, "reader-a", Duration::from_secs(30)).await;
+    let _b = hold(&client, "doc", shared, "reader-b", Duration::from_secs(60)).await;
+    let _c = hold(
+        &client,
+        "exports",
+        permits,
+        "export-1",
+        Duration::from_secs(40),
+    )
+    .await;
+    let _d = hold(&client, "exports", permits, "", Duration::from_secs(50)).await;
+    let tokens = [_a.token(), _b.token(), _c.token(), _d.token()].map(str::to_owned);
+
+    let (code, text) = finish(lockset(&urls).args(["status", "doc", "exports"]));
+    assert_eq!(code, Some(0), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(!text.contains("zset"), "{text}");
+    assert!(
+        lines[0].starts_with(r#""doc" is held shared by 2 holders: "reader-a" ("#),
+        "{text}"
+    );
+    assert!(lines[0].contains(r#"s left), "reader-b" ("#), "{text}");
+    assert!(
+        lines[1].starts_with(r#""exports" is held as 2 of 3 permits: "export-1" ("#),
+        "{text}"
+    );
+    assert!(lines[1].contains("a holder without metadata ("), "{text}");
+
+    let status = status_json(&urls, &["doc", "exports"]);
+    let doc = &status["keys"][0];
+    assert_eq!(doc["state"], "held", "{status}");
+    assert_eq!(doc["mode"], "shared", "{status}");
+    assert_eq!(doc["held_on"], 1, "{status}");
+    let holders = doc["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "{status}");
+    assert_eq!(holders[0]["metadata"], "reader-a", "{status}");
+    assert_eq!(holders[1]["metadata"], "reader-b", "{status}");
+    let left = |holder: &serde_json::Value| holder["ttl_ms"].as_u64().unwrap();
+    assert!(
+        left(&holders[0]) <= 30_000 && left(&holders[0]) > 20_000,
+        "{status}"
+    );
+    assert!(left(&holders[1]) > 50_000, "{status}");
+    // The key lasts as long as its last holder.
+    assert!(doc["ttl_ms"].as_u64().unwrap() > 50_000, "{status}");
+    let exports = &status["keys"][1];
+    assert_eq!(exports["state"], "held", "{status}");
+    assert_eq!(exports["mode"], "permits", "{status}");
+    assert_eq!(exports["limit"], 3, "{status}");
+    let holders = exports["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 2, "{status}");
+    assert_eq!(holders[0]["metadata"], "export-1", "{status}");
+    assert_eq!(holders[1]["metadata"], "", "{status}");
+    for token in &tokens {
+        assert!(
+            !status.to_string().contains(token.as_str()),
+            "never a token"
+        );
+        assert!(!text.contains(token.as_str()), "never a token");
+    }
+}

@@ -292,20 +292,24 @@ pub(crate) enum LockCommand {
     #[command(override_usage = "lockset release [OPTIONS] --token <TOKEN> <KEY>...")]
     Release(ReleaseArgs),
 
-    /// Show whether each KEY is free or held: the holder's metadata and remaining TTL,
-    /// never its token.
+    /// Show whether each KEY is free or held: the holder's metadata and remaining TTL (every
+    /// holder of a shared or counted key), never a token.
     #[command(
         long_about = "Show whether each KEY is free or held: the holder's metadata and \
-            remaining TTL, never its token. Exits 0 whatever the keys' state.\n\n\
+            remaining TTL (every holder of a key held shared or as counted permits), never \
+            a token. Exits 0 whatever the keys' state.\n\n\
             Below each key, the waiters queued for it (fair waiting), first come first: each \
             with its metadata, how long it has waited and what is left of its lease; on a \
             Redlock quorum, per master. Reading only: nothing is written, no queue joined.\n\n\
             With --json, prints one JSON object: {\"keys\": [{\"key\", \"state\" (\"free\", \
             \"held\" or \"foreign\" for a value lockset did not write, \"wrong_type\"), \
-            \"metadata\", \"ttl_ms\" (null without expiry), \"held_on\", \"nodes\", \
-            \"waiters\": [{\"metadata\", \"waited_ms\", \"lease_ms\" (null: gone, about to be \
-            dropped), \"keys\", \"node\"}]}]}; held_on counts the Redlock masters holding the \
-            key (1 of 1 otherwise), node is the master a waiter queues on (0 otherwise).",
+            \"mode\" (\"exclusive\", \"shared\", \"permits\" or null), \"limit\" (permits), \
+            \"metadata\" (an exclusive holder's), \"ttl_ms\" (the longest left; null \
+            without expiry), \"held_on\", \"nodes\", \"holders\": [{\"metadata\", \
+            \"ttl_ms\", \"node\"}], \"waiters\": [{\"metadata\", \"waited_ms\", \
+            \"lease_ms\" (null: gone, about to be dropped), \"keys\", \"node\"}]}]}; held_on counts the Redlock masters holding the \
+            key (1 of 1 otherwise), node is the master a holder holds or a waiter queues on (0 \
+            otherwise).",
         after_help = AFTER_HELP
     )]
     #[command(override_usage = "lockset status [OPTIONS] <KEY>...")]

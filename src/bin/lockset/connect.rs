@@ -22,7 +22,7 @@ const CONNECT_RETRIES: usize = 1;
 pub(crate) struct Redis<C> {
     /// The library's client.
     pub(crate) client: Client<C>,
-    /// Raw connections for reading holders (the library offers no way to, see `holder`).
+    /// Raw connections for reading holders on each server (see `holder`).
     pub(crate) nodes: Vec<C>,
 }
 

@@ -1,4 +1,5 @@
-//! Who holds a key: read straight from Redis, since the library has no call for it.
+//! Who holds a key, on every server: read with [`lockset::inspect`], which understands
+//! exclusive, shared and counted keys and their queues.
 //!
 //! Used for `status`, the conflict line, the waiting line, the reason a lock was lost, and
 //! to check a token before `refresh` and `release`. Reading is not atomic with anything
@@ -6,24 +7,34 @@
 
 use std::time::Duration;
 
+use lockset::redis::RedisResult;
 use lockset::redis::aio::ConnectionLike;
-use lockset::redis::{self, RedisResult};
+use lockset::{Holding, KeyState, Mode, QueuedWaiter};
 
 use crate::duration;
+
+/// One lock holding a key on one server. Never its token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Holder {
+    /// The holder's metadata.
+    pub(crate) metadata: String,
+    /// What is left of it; `None` without expiry.
+    pub(crate) ttl: Option<Duration>,
+    /// Whether it is the lock of the token the keys were read for.
+    pub(crate) ours: bool,
+}
 
 /// What one server holds at a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Node {
     /// Nothing.
     Free,
-    /// A lock written by lockset.
+    /// Locks written by lockset: one exclusive holder, or shared or counted holders.
     Held {
-        /// The holder's token: compared, never shown.
-        token: String,
-        /// The holder's metadata.
-        metadata: String,
-        /// What is left of it; `None` without expiry.
-        ttl: Option<Duration>,
+        /// How they hold it.
+        mode: Mode,
+        /// Who holds it, the first to expire first; never empty.
+        holders: Vec<Holder>,
     },
     /// A string lockset did not write.
     Foreign {
@@ -43,6 +54,8 @@ pub(crate) struct Key {
     pub(crate) name: String,
     /// What each server holds there.
     pub(crate) nodes: Vec<Node>,
+    /// Per server, its queue for the key, first come first (empty where it did not answer).
+    pub(crate) queues: Vec<Vec<QueuedWaiter>>,
 }
 
 /// How a key looks overall.
@@ -50,11 +63,11 @@ pub(crate) struct Key {
 pub(crate) enum State {
     /// Nobody holds it anywhere.
     Free,
-    /// A lockset lock holds it.
+    /// A lockset lock holds it (exclusive, shared or counted).
     Held,
     /// A string lockset did not write.
     Foreign,
-    /// Not a string.
+    /// Not a lock.
     WrongType,
 }
 
@@ -70,19 +83,28 @@ impl State {
     }
 }
 
+/// The name of a mode in `status --json`.
+pub(crate) fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Shared => "shared",
+        Mode::Permit { .. } => "permits",
+        _ => "exclusive",
+    }
+}
+
 impl Key {
-    /// The node that best describes the key: a lock over a foreign value over a wrong type;
-    /// `None` when the key is free on every server that answered.
+    /// The node that best describes the key: locks (the most holders first) over a foreign
+    /// value over a wrong type; `None` when the key is free on every server that answered.
     fn holder(&self) -> Option<&Node> {
         let rank = |node: &Node| match node {
-            Node::Held { .. } => 3,
-            Node::Foreign { .. } => 2,
-            Node::WrongType(_) => 1,
-            Node::Free | Node::Unreachable(_) => 0,
+            Node::Held { holders, .. } => (3, holders.len()),
+            Node::Foreign { .. } => (2, 0),
+            Node::WrongType(_) => (1, 0),
+            Node::Free | Node::Unreachable(_) => (0, 0),
         };
         self.nodes
             .iter()
-            .filter(|node| rank(node) > 0)
+            .filter(|node| rank(node).0 > 0)
             .max_by_key(|node| rank(node))
     }
 
@@ -96,36 +118,66 @@ impl Key {
         }
     }
 
-    /// The holder's metadata, when a lockset lock holds the key.
-    pub(crate) fn metadata(&self) -> Option<&str> {
+    /// The mode the key is held in, when lockset locks hold it.
+    pub(crate) fn mode(&self) -> Option<Mode> {
         match self.holder()? {
-            Node::Held { metadata, .. } => Some(metadata),
+            Node::Held { mode, .. } => Some(*mode),
             _ => None,
         }
     }
 
-    /// The metadata stored by the holder of `token`, when it holds the key anywhere.
-    pub(crate) fn metadata_of(&self, token: &str) -> Option<&str> {
-        self.nodes.iter().find_map(|node| match node {
+    /// The exclusive holder's metadata, when one lock holds the key alone.
+    pub(crate) fn metadata(&self) -> Option<&str> {
+        match self.holder()? {
             Node::Held {
-                token: t, metadata, ..
-            } if t == token => Some(metadata.as_str()),
+                mode: Mode::Exclusive,
+                holders,
+            } => holders.first().map(|holder| holder.metadata.as_str()),
+            _ => None,
+        }
+    }
+
+    /// Who holds the key, in a few words: `"web-1:42"`, `2 shared holders`, `3 of 3
+    /// permits`; `None` when no lock holds it.
+    pub(crate) fn holders_in_brief(&self) -> Option<String> {
+        let Node::Held { mode, holders } = self.holder()? else {
+            return None;
+        };
+        let n = holders.len();
+        Some(match mode {
+            Mode::Shared if n == 1 => "1 shared holder".to_owned(),
+            Mode::Shared => format!("{n} shared holders"),
+            Mode::Permit { limit } => format!("{n} of {limit} permits"),
+            _ => format!("{:?}", holders.first()?.metadata),
+        })
+    }
+
+    /// The metadata stored by the lock the keys were read for, when it holds the key
+    /// anywhere.
+    pub(crate) fn own_metadata(&self) -> Option<&str> {
+        self.nodes.iter().find_map(|node| match node {
+            Node::Held { holders, .. } => holders
+                .iter()
+                .find(|holder| holder.ours)
+                .map(|holder| holder.metadata.as_str()),
             _ => None,
         })
     }
 
-    /// The longest time left on any server holding the key; `None` when free or
-    /// persistent.
+    /// The longest time left on any server holding the key, of any holder; `None` when
+    /// free or persistent.
     pub(crate) fn ttl(&self) -> Option<Duration> {
         let mut longest: Option<Duration> = None;
         for node in &self.nodes {
-            match node {
+            let ttls: Vec<Option<Duration>> = match node {
+                Node::Held { holders, .. } => holders.iter().map(|holder| holder.ttl).collect(),
+                Node::Foreign { ttl } => vec![*ttl],
+                _ => Vec::new(),
+            };
+            for ttl in ttls {
                 // A persistent copy anywhere means "no expiry".
-                Node::Held { ttl: None, .. } | Node::Foreign { ttl: None } => return None,
-                Node::Held { ttl: Some(ttl), .. } | Node::Foreign { ttl: Some(ttl) } => {
-                    longest = Some(longest.map_or(*ttl, |longest| longest.max(*ttl)));
-                }
-                _ => {}
+                let ttl = ttl?;
+                longest = Some(longest.map_or(ttl, |longest| longest.max(ttl)));
             }
         }
         longest
@@ -139,74 +191,121 @@ impl Key {
             .count()
     }
 
-    /// How many servers hold the key with `token`.
-    pub(crate) fn held_by(&self, token: &str) -> usize {
+    /// How many servers hold the key for the lock the keys were read for.
+    pub(crate) fn ours_on(&self) -> usize {
         self.nodes
             .iter()
-            .filter(|node| matches!(node, Node::Held { token: t, .. } if t == token))
+            .filter(|node| match node {
+                Node::Held { holders, .. } => holders.iter().any(|holder| holder.ours),
+                _ => false,
+            })
             .count()
     }
 
-    /// The key as others hold it: every server where `token` holds it counts as free.
-    pub(crate) fn without(&self, token: &str) -> Self {
+    /// The key as others hold it: the holds of the lock the keys were read for are gone.
+    pub(crate) fn others(&self) -> Self {
         let nodes = self
             .nodes
             .iter()
             .map(|node| match node {
-                Node::Held { token: t, .. } if t == token => Node::Free,
+                Node::Held { mode, holders } => {
+                    let holders: Vec<Holder> = holders
+                        .iter()
+                        .filter(|holder| !holder.ours)
+                        .cloned()
+                        .collect();
+                    match holders.is_empty() {
+                        true => Node::Free,
+                        false => Node::Held {
+                            mode: *mode,
+                            holders,
+                        },
+                    }
+                }
                 other => other.clone(),
             })
             .collect();
         Self {
             name: self.name.clone(),
             nodes,
+            queues: self.queues.clone(),
         }
     }
 
-    /// One phrase for people: `"orders" is held by web-1:42 (12.3s left)`.
+    /// One phrase for people: `"orders" is held by "web-1:42" (12.3s left)`, `"doc" is held
+    /// shared by 2 holders: "a" (4.1s left), "b" (9.0s left)`.
     pub(crate) fn describe(&self) -> String {
         let name = &self.name;
-        let left = match self.ttl() {
-            Some(ttl) => format!("{} left", duration::show(ttl)),
-            None => "no expiry".to_owned(),
-        };
+        let left = left(self.ttl());
         match self.holder() {
-            Some(Node::Held { metadata, .. }) if metadata.is_empty() => {
-                format!("{name:?} is held by a lock without metadata ({left})")
-            }
-            // Quoted like the key: what anyone stored must not reach a terminal raw.
-            Some(Node::Held { metadata, .. }) => {
-                format!("{name:?} is held by {metadata:?} ({left})")
+            Some(Node::Held { mode, holders }) => {
+                let n = holders.len();
+                let list = holders.iter().map(who).collect::<Vec<_>>().join(", ");
+                match mode {
+                    Mode::Shared => {
+                        let plural = if n == 1 { "" } else { "s" };
+                        format!("{name:?} is held shared by {n} holder{plural}: {list}")
+                    }
+                    Mode::Permit { limit } => {
+                        format!("{name:?} is held as {n} of {limit} permits: {list}")
+                    }
+                    _ => match holders.first().map(|holder| holder.metadata.as_str()) {
+                        Some("") | None => {
+                            format!("{name:?} is held by a lock without metadata ({left})")
+                        }
+                        // Quoted like the key: what anyone stored must not reach a terminal
+                        // raw.
+                        Some(metadata) => format!("{name:?} is held by {metadata:?} ({left})"),
+                    },
+                }
             }
             Some(Node::Foreign { .. }) => {
                 format!("{name:?} holds a value lockset did not write ({left})")
             }
-            Some(Node::WrongType(kind)) => format!("{name:?} holds a {kind}, not a string"),
+            Some(Node::WrongType(kind)) => format!("{name:?} holds a {kind}, not a lock"),
             _ => format!("{name:?} is free"),
         }
     }
 }
 
-/// The first key a token does not hold on a majority of the servers, as seen by others.
+/// `12.3s left`, or `no expiry`.
+fn left(ttl: Option<Duration>) -> String {
+    match ttl {
+        Some(ttl) => format!("{} left", duration::show(ttl)),
+        None => "no expiry".to_owned(),
+    }
+}
+
+/// One holder among several: `"web-1:42" (4.1s left)`.
+fn who(holder: &Holder) -> String {
+    let left = left(holder.ttl);
+    match holder.metadata.as_str() {
+        "" => format!("a holder without metadata ({left})"),
+        metadata => format!("{metadata:?} ({left})"),
+    }
+}
+
+/// The first key the lock read for does not hold on a majority of the servers, as seen by
+/// others.
 #[derive(Clone, Debug)]
 pub(crate) struct Loss {
-    /// The key, where the token's own copies count as free: it never names the token's
-    /// holder as the one who took it.
+    /// The key, where the lock's own holds count as gone: it never names the lock itself as
+    /// the one who took it.
     pub(crate) others: Key,
-    /// How many servers still hold the key with the token.
+    /// How many servers still hold the key for the lock.
     pub(crate) kept: usize,
 }
 
 impl Loss {
-    /// The first of `keys` that `token` does not hold on a majority of the servers; `None`
-    /// when it holds them all.
-    pub(crate) fn find(keys: &[Key], token: &str) -> Option<Self> {
+    /// The first of `keys` that the lock they were read for does not hold on a majority of
+    /// the servers; `None` when it holds them all.
+    pub(crate) fn find(keys: &[Key]) -> Option<Self> {
         let key = keys
             .iter()
-            .find(|key| key.held_by(token) < key.nodes.len() / 2 + 1)?;
+            .find(|key| key.ours_on() < key.nodes.len() / 2 + 1)?;
         Some(Self {
-            others: key.without(token),
-            kept: key.held_by(token),
+            others: key.others(),
+            kept: key.ours_on(),
         })
     }
 
@@ -215,7 +314,7 @@ impl Loss {
         self.others.state() != State::Free
     }
 
-    /// One phrase for people: who holds the key instead, or on how few masters the token
+    /// One phrase for people: who holds the key instead, or on how few masters the lock
     /// still does.
     pub(crate) fn describe(&self) -> String {
         let nodes = self.others.nodes.len();
@@ -231,18 +330,28 @@ impl Loss {
     }
 }
 
-/// Reads `key` on every connection of `nodes`. Fails only when no server answered.
-pub(crate) async fn inspect<C>(nodes: &[C], key: &str) -> RedisResult<Key>
+/// Reads `key` on every connection of `nodes`; the holds of `token`'s lock are marked as
+/// ours. Fails only when no server answered.
+pub(crate) async fn inspect<C>(nodes: &[C], key: &str, token: Option<&str>) -> RedisResult<Key>
 where
     C: ConnectionLike + Clone,
 {
     let mut seen = Vec::with_capacity(nodes.len());
+    let mut queues = Vec::with_capacity(nodes.len());
     let mut last_error = None;
     for conn in nodes {
-        match inspect_node(&mut conn.clone(), key).await {
-            Ok(node) => seen.push(node),
+        match lockset::inspect(&mut conn.clone(), [key]).await {
+            Ok(states) => {
+                let (node, queue) = states
+                    .into_iter()
+                    .next()
+                    .map_or((Node::Free, Vec::new()), |state| from_state(state, token));
+                seen.push(node);
+                queues.push(queue);
+            }
             Err(err) => {
                 seen.push(Node::Unreachable(err.to_string()));
+                queues.push(Vec::new());
                 last_error = Some(err);
             }
         }
@@ -253,18 +362,23 @@ where
         _ => Ok(Key {
             name: key.to_owned(),
             nodes: seen,
+            queues,
         }),
     }
 }
 
-/// Reads every key of `keys`, in order.
-pub(crate) async fn inspect_all<C>(nodes: &[C], keys: &[String]) -> RedisResult<Vec<Key>>
+/// Reads every key of `keys`, in order (see [`inspect`]).
+pub(crate) async fn inspect_all<C>(
+    nodes: &[C],
+    keys: &[String],
+    token: Option<&str>,
+) -> RedisResult<Vec<Key>>
 where
     C: ConnectionLike + Clone,
 {
     let mut seen = Vec::with_capacity(keys.len());
     for key in keys {
-        seen.push(inspect(nodes, key).await?);
+        seen.push(inspect(nodes, key, token).await?);
     }
     Ok(seen)
 }
@@ -275,7 +389,7 @@ where
     C: ConnectionLike + Clone,
 {
     for key in keys {
-        let seen = inspect(nodes, key).await?;
+        let seen = inspect(nodes, key, None).await?;
         if seen.state() != State::Free {
             return Ok(Some(seen));
         }
@@ -283,43 +397,25 @@ where
     Ok(None)
 }
 
-/// What one server holds at `key`: its type and remaining TTL, then the value of a string.
-async fn inspect_node<C: ConnectionLike>(conn: &mut C, key: &str) -> RedisResult<Node> {
-    let (kind, pttl): (String, i64) = redis::pipe()
-        .cmd("TYPE")
-        .arg(key)
-        .cmd("PTTL")
-        .arg(key)
-        .query_async(conn)
-        .await?;
-    let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
-    match kind.as_str() {
-        "none" => Ok(Node::Free),
-        "string" => {
-            let value: Option<Vec<u8>> = redis::cmd("GET").arg(key).query_async(conn).await?;
-            Ok(match value {
-                // Gone between the two reads.
-                None => Node::Free,
-                Some(value) => from_value(&value, ttl),
-            })
-        }
-        _ => Ok(Node::WrongType(kind)),
-    }
-}
-
-/// A string value: a lockset lock, or something else.
-fn from_value(value: &[u8], ttl: Option<Duration>) -> Node {
-    let parsed = std::str::from_utf8(value)
-        .ok()
-        .and_then(lockset::parse_value);
-    match parsed {
-        Some((token, metadata)) => Node::Held {
-            token: token.to_owned(),
-            metadata: metadata.to_owned(),
-            ttl,
-        },
-        None => Node::Foreign { ttl },
-    }
+/// One server's view of a key, as the library read it, and its queue; the holds of
+/// `token`'s lock marked as ours.
+fn from_state(state: KeyState, token: Option<&str>) -> (Node, Vec<QueuedWaiter>) {
+    let holders = state
+        .holders()
+        .iter()
+        .map(|holder| Holder {
+            metadata: holder.metadata.clone(),
+            ttl: holder.ttl,
+            ours: token.is_some_and(|token| holder.is_owned_by(token)),
+        })
+        .collect();
+    let node = match (state.mode(), &state.holding) {
+        (Some(mode), _) => Node::Held { mode, holders },
+        (None, Holding::Foreign { ttl }) => Node::Foreign { ttl: *ttl },
+        (None, Holding::WrongType { kind }) => Node::WrongType(kind.clone()),
+        _ => Node::Free,
+    };
+    (node, state.waiters)
 }
 
 #[cfg(test)]
@@ -329,88 +425,113 @@ mod tests {
     fn key(nodes: Vec<Node>) -> Key {
         Key {
             name: "k".to_owned(),
+            queues: vec![Vec::new(); nodes.len()],
             nodes,
         }
     }
 
-    fn held(token: &str, secs: u64) -> Node {
-        Node::Held {
-            token: token.to_owned(),
-            metadata: "web-1:42".to_owned(),
+    fn holder(metadata: &str, secs: u64, ours: bool) -> Holder {
+        Holder {
+            metadata: metadata.to_owned(),
             ttl: Some(Duration::from_secs(secs)),
+            ours,
+        }
+    }
+
+    /// Held exclusively by "web-1:42"; by the lock read for when `ours`.
+    fn held(ours: bool, secs: u64) -> Node {
+        Node::Held {
+            mode: Mode::Exclusive,
+            holders: vec![holder("web-1:42", secs, ours)],
         }
     }
 
     #[test]
-    fn values_parse_into_holders() {
+    fn descriptions_name_key_holders_and_time_left() {
         assert_eq!(
-            from_value(b"3:abcweb-1:42", None),
-            Node::Held {
-                token: "abc".to_owned(),
-                metadata: "web-1:42".to_owned(),
-                ttl: None
-            }
+            key(vec![held(false, 12)]).describe(),
+            r#""k" is held by "web-1:42" (12.0s left)"#
         );
-        assert_eq!(from_value(b"hello", None), Node::Foreign { ttl: None });
-        assert_eq!(from_value(&[0xff, 0xfe], None), Node::Foreign { ttl: None });
-    }
-
-    #[test]
-    fn descriptions_name_key_holder_and_time_left_but_never_the_token() {
-        let seen = key(vec![held("secret", 12)]);
-        let text = seen.describe();
-        assert_eq!(text, r#""k" is held by "web-1:42" (12.0s left)"#);
-        assert!(!text.contains("secret"));
         assert_eq!(key(vec![Node::Free]).describe(), r#""k" is free"#);
         assert_eq!(
             key(vec![Node::WrongType("list".to_owned())]).describe(),
-            r#""k" holds a list, not a string"#
+            r#""k" holds a list, not a lock"#
+        );
+        let shared = key(vec![Node::Held {
+            mode: Mode::Shared,
+            holders: vec![holder("a", 4, false), holder("", 9, false)],
+        }]);
+        assert_eq!(
+            shared.describe(),
+            r#""k" is held shared by 2 holders: "a" (4.0s left), a holder without metadata (9.0s left)"#
+        );
+        assert_eq!(shared.ttl(), Some(Duration::from_secs(9)));
+        assert_eq!(shared.metadata(), None);
+        assert_eq!(
+            shared.holders_in_brief().as_deref(),
+            Some("2 shared holders")
+        );
+        let counted = key(vec![Node::Held {
+            mode: Mode::Permit { limit: 3 },
+            holders: vec![holder("a", 4, false)],
+        }]);
+        assert_eq!(
+            counted.describe(),
+            r#""k" is held as 1 of 3 permits: "a" (4.0s left)"#
         );
     }
 
     #[test]
-    fn without_a_token_a_key_shows_only_the_others() {
-        let seen = key(vec![held("t", 3), Node::Free, held("u", 5)]);
-        let others = seen.without("t");
-        assert_eq!((others.held_by("t"), others.held_by("u")), (0, 1));
+    fn without_our_holds_a_key_shows_only_the_others() {
+        let seen = key(vec![held(true, 3), Node::Free, held(false, 5)]);
+        let others = seen.others();
+        assert_eq!((seen.ours_on(), others.ours_on()), (1, 0));
+        assert_eq!(others.held_on(), 1);
         assert_eq!(others.ttl(), Some(Duration::from_secs(5)));
         assert_eq!(
-            key(vec![held("t", 3), Node::Free]).without("t").state(),
+            key(vec![held(true, 3), Node::Free]).others().state(),
             State::Free
+        );
+        // A shared key we share with others stays held by them.
+        let shared = key(vec![Node::Held {
+            mode: Mode::Shared,
+            holders: vec![holder("mine", 4, true), holder("theirs", 9, false)],
+        }]);
+        assert_eq!(shared.own_metadata(), Some("mine"));
+        assert_eq!(
+            shared.others().describe(),
+            r#""k" is held shared by 1 holder: "theirs" (9.0s left)"#
         );
     }
 
     #[test]
-    fn a_loss_never_names_its_own_token() {
-        let minority = key(vec![held("t", 3), Node::Free, Node::Free]);
-        let loss = Loss::find(&[minority], "t").expect("lost");
+    fn a_loss_never_names_its_own_lock() {
+        let minority = key(vec![held(true, 3), Node::Free, Node::Free]);
+        let loss = Loss::find(&[minority]).expect("lost");
         assert!(!loss.is_taken());
         assert_eq!(
             loss.describe(),
             r#""k" is held by this lock on only 1 of 3 masters (2 needed)"#
         );
-        let taken = key(vec![held("t", 3), held("u", 5), held("u", 5)]);
-        let loss = Loss::find(&[taken], "t").expect("lost");
+        let taken = key(vec![held(true, 3), held(false, 5), held(false, 5)]);
+        let loss = Loss::find(&[taken]).expect("lost");
         assert!(loss.is_taken());
         assert_eq!(loss.describe(), r#""k" is held by "web-1:42" (5.0s left)"#);
-        let majority = key(vec![held("t", 3), held("t", 3), Node::Free]);
-        assert!(Loss::find(&[majority], "t").is_none());
+        let majority = key(vec![held(true, 3), held(true, 3), Node::Free]);
+        assert!(Loss::find(&[majority]).is_none());
     }
 
     #[test]
     fn a_quorum_key_counts_its_masters() {
         let seen = key(vec![
-            held("t", 3),
+            held(true, 3),
             Node::Unreachable("down".to_owned()),
-            held("t", 5),
+            held(true, 5),
         ]);
         assert_eq!(seen.state(), State::Held);
-        assert_eq!(
-            (seen.held_on(), seen.held_by("t"), seen.held_by("u")),
-            (2, 2, 0)
-        );
+        assert_eq!((seen.held_on(), seen.ours_on()), (2, 2));
         assert_eq!(seen.ttl(), Some(Duration::from_secs(5)));
-        let persistent = key(vec![held("t", 3), Node::Foreign { ttl: None }]);
+        let persistent = key(vec![held(false, 3), Node::Foreign { ttl: None }]);
         assert_eq!(persistent.ttl(), None);
         assert_eq!(key(vec![Node::Free]).state(), State::Free);
     }

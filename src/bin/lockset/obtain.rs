@@ -131,8 +131,8 @@ where
         match holder::first_held(&redis.nodes, keys).await {
             Ok(Some(key)) => {
                 let by = key
-                    .metadata()
-                    .map_or_else(|| "another owner".to_owned(), |by| format!("{by:?}"));
+                    .holders_in_brief()
+                    .unwrap_or_else(|| "another owner".to_owned());
                 let left = key
                     .ttl()
                     .map(|ttl| format!(", {} left)", duration::show(ttl)))

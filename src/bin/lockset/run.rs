@@ -301,13 +301,17 @@ async fn explain_loss<C>(redis: &Redis<C>, keys: &[String], token: &str) -> Stri
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let seen = tokio::time::timeout(EXPLAIN_WITHIN, holder::inspect_all(&redis.nodes, keys)).await;
+    let seen = tokio::time::timeout(
+        EXPLAIN_WITHIN,
+        holder::inspect_all(&redis.nodes, keys, Some(token)),
+    )
+    .await;
     let keys = match seen {
         Ok(Ok(keys)) => keys,
         Ok(Err(err)) => return format!("Redis unreachable ({err}), the lock's validity ran out"),
         Err(_) => return "Redis did not answer, the lock's validity ran out".to_owned(),
     };
-    let Some(loss) = Loss::find(&keys, token) else {
+    let Some(loss) = Loss::find(&keys) else {
         return "Redis did not confirm a refresh before the lock's validity ran out".to_owned();
     };
     match (loss.is_taken(), redis.nodes.len()) {

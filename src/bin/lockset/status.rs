@@ -4,27 +4,19 @@
 use std::io::{IsTerminal as _, Write as _};
 use std::time::Duration;
 
-use lockset::QueuedWaiter;
-use lockset::redis::RedisResult;
 use lockset::redis::aio::ConnectionLike;
+use lockset::{Mode, QueuedWaiter};
 use serde_json::json;
 
 use crate::cli::StatusArgs;
 use crate::connect::Redis;
 use crate::duration;
 use crate::exit::{self, Failure, SYSTEM};
-use crate::holder::{self, Key};
+use crate::holder::{self, Key, Node};
 
 /// What the sentinels say, behind Sentinel: one line each (see
 /// `SentinelConnection::sentinels_say`).
 pub(crate) type Sentinels<'a> = Option<&'a lockset::SentinelConnection>;
-
-/// A key and who waits for it, on each server.
-struct Seen {
-    key: Key,
-    /// Per server (one, or each Redlock master), its queue for the key, first come first.
-    queues: Vec<Vec<QueuedWaiter>>,
-}
 
 /// Prints the state of every key on stdout: a line each (and one per waiter), or one JSON
 /// object; with `--watch`, again every interval until interrupted.
@@ -55,47 +47,18 @@ where
     }
 }
 
-/// Reads every key, and its queue on every server.
-async fn look<C>(redis: &Redis<C>, keys: &[String]) -> Result<Vec<Seen>, Failure>
+/// Reads every key, its holders and its queue, on every server.
+async fn look<C>(redis: &Redis<C>, keys: &[String]) -> Result<Vec<Key>, Failure>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let failed = |err| exit::redis_failure("cannot read the keys from Redis", &err);
-    let held = holder::inspect_all(&redis.nodes, keys)
+    holder::inspect_all(&redis.nodes, keys, None)
         .await
-        .map_err(failed)?;
-    let mut seen = Vec::with_capacity(held.len());
-    for key in held {
-        let queues = queues(&redis.nodes, &key.name).await.map_err(failed)?;
-        seen.push(Seen { key, queues });
-    }
-    Ok(seen)
-}
-
-/// `key`'s queue on every server; a server that does not answer shows none.
-async fn queues<C>(nodes: &[C], key: &str) -> RedisResult<Vec<Vec<QueuedWaiter>>>
-where
-    C: ConnectionLike + Clone,
-{
-    let mut queues = Vec::with_capacity(nodes.len());
-    let mut last_error = None;
-    for conn in nodes {
-        match lockset::read_queue(&mut conn.clone(), key).await {
-            Ok(queue) => queues.push(queue),
-            Err(err) => {
-                queues.push(Vec::new());
-                last_error = Some(err);
-            }
-        }
-    }
-    match last_error {
-        Some(err) if nodes.len() == 1 => Err(err),
-        _ => Ok(queues),
-    }
+        .map_err(|err| exit::redis_failure("cannot read the keys from Redis", &err))
 }
 
 /// The status as text: lines, or one JSON object on a line.
-fn render(seen: &[Seen], sentinels: &[String], json: bool) -> String {
+fn render(seen: &[Key], sentinels: &[String], json: bool) -> String {
     match json {
         true => {
             let mut value = as_json(seen);
@@ -138,10 +101,10 @@ fn print(text: &str) -> Result<(), Failure> {
         .map_err(|err| Failure::new(SYSTEM, format!("cannot print the status: {err}")))
 }
 
-/// `"orders" is held by "web-1:42" (12.3s left)`, plus the masters holding it for a quorum,
-/// then a line per waiter: `  1. "web-2:17" waiting 3.2s (lease 4.1s left)`.
-fn as_lines(seen: &Seen) -> String {
-    let key = &seen.key;
+/// `"orders" is held by "web-1:42" (12.3s left)` (or every shared or counted holder), plus
+/// the masters holding it for a quorum, then a line per waiter:
+/// `  1. "web-2:17" waiting 3.2s (lease 4.1s left)`.
+fn as_lines(key: &Key) -> String {
     let nodes = key.nodes.len();
     let head = match nodes {
         1 => key.describe(),
@@ -152,7 +115,7 @@ fn as_lines(seen: &Seen) -> String {
         ),
     };
     let mut text = format!("{head}\n");
-    for (node, queue) in seen.queues.iter().enumerate() {
+    for (node, queue) in key.queues.iter().enumerate() {
         for (place, waiter) in queue.iter().enumerate() {
             let on = match nodes {
                 1 => String::new(),
@@ -184,23 +147,51 @@ fn describe(waiter: &QueuedWaiter) -> String {
     )
 }
 
-/// `{"keys": [{"key", "state", "metadata", "ttl_ms", "held_on", "nodes", "waiters"}]}`.
-fn as_json(seen: &[Seen]) -> serde_json::Value {
+/// `{"keys": [{"key", "state", "mode", "limit", "metadata", "ttl_ms", "held_on", "nodes",
+/// "holders", "waiters"}]}`: `metadata` is an exclusive holder's, `ttl_ms` the longest left
+/// of any holder, `holders` every holder on every server.
+fn as_json(seen: &[Key]) -> serde_json::Value {
     let keys: Vec<_> = seen
         .iter()
-        .map(|Seen { key, queues }| {
-            let waiters: Vec<_> = queues
+        .map(|key| {
+            let waiters: Vec<_> = key
+                .queues
                 .iter()
                 .enumerate()
                 .flat_map(|(node, queue)| queue.iter().map(move |w| waiter_json(w, node)))
                 .collect();
+            let holders: Vec<_> = key
+                .nodes
+                .iter()
+                .enumerate()
+                .flat_map(|(node, seen)| {
+                    let holders = match seen {
+                        Node::Held { holders, .. } => holders.as_slice(),
+                        _ => &[],
+                    };
+                    holders.iter().map(move |holder| {
+                        json!({
+                            "metadata": holder.metadata,
+                            "ttl_ms": holder.ttl.map(millis),
+                            "node": node,
+                        })
+                    })
+                })
+                .collect();
+            let limit = match key.mode() {
+                Some(Mode::Permit { limit }) => Some(limit),
+                _ => None,
+            };
             json!({
                 "key": key.name,
                 "state": key.state().name(),
+                "mode": key.mode().map(holder::mode_name),
+                "limit": limit,
                 "metadata": key.metadata(),
                 "ttl_ms": key.ttl().map(millis),
                 "held_on": key.held_on(),
                 "nodes": key.nodes.len(),
+                "holders": holders,
                 "waiters": waiters,
             })
         })
@@ -226,26 +217,40 @@ fn millis(duration: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::holder::Node;
+    use crate::holder::Holder;
+
+    fn key(mode: Mode, holders: &[(&str, u64)]) -> Key {
+        let holders = holders
+            .iter()
+            .map(|(metadata, ms)| Holder {
+                metadata: (*metadata).to_owned(),
+                ttl: Some(Duration::from_millis(*ms)),
+                ours: false,
+            })
+            .collect();
+        Key {
+            name: "k".to_owned(),
+            nodes: vec![Node::Held { mode, holders }],
+            queues: vec![Vec::new()],
+        }
+    }
 
     #[test]
-    fn json_shows_metadata_and_time_left_but_not_the_token() {
-        let key = Key {
-            name: "k".to_owned(),
-            nodes: vec![Node::Held {
-                token: "secret".to_owned(),
-                metadata: "web-1:42".to_owned(),
-                ttl: Some(Duration::from_millis(1500)),
-            }],
-        };
-        let text = as_json(&[Seen {
-            key,
-            queues: vec![Vec::new()],
-        }])
-        .to_string();
+    fn json_shows_metadata_and_time_left() {
+        let text = as_json(&[key(Mode::Exclusive, &[("web-1:42", 1500)])]).to_string();
         assert_eq!(
             text,
-            r#"{"keys":[{"held_on":1,"key":"k","metadata":"web-1:42","nodes":1,"state":"held","ttl_ms":1500,"waiters":[]}]}"#
+            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"web-1:42","node":0,"ttl_ms":1500}],"key":"k","limit":null,"metadata":"web-1:42","mode":"exclusive","nodes":1,"state":"held","ttl_ms":1500,"waiters":[]}]}"#
+        );
+    }
+
+    #[test]
+    fn json_lists_every_holder_of_a_counted_key() {
+        let text = as_json(&[key(Mode::Permit { limit: 3 }, &[("a", 1500), ("b", 900)])]);
+        let text = text.to_string();
+        assert_eq!(
+            text,
+            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"a","node":0,"ttl_ms":1500},{"metadata":"b","node":0,"ttl_ms":900}],"key":"k","limit":3,"metadata":null,"mode":"permits","nodes":1,"state":"held","ttl_ms":1500,"waiters":[]}]}"#
         );
     }
 

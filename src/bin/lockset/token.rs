@@ -62,7 +62,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let keys = held_by(redis, &args.keys, &args.token).await?;
-    let metadata = holders_metadata(&keys, &args.token);
+    let metadata = holders_metadata(&keys);
     let lock = adopt(redis, &args.keys, &args.token, &metadata, args.ttl).await?;
     let mut options = Options::default();
     if let Some(metadata) = &args.metadata {
@@ -81,7 +81,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let keys = held_by(redis, &args.keys, &args.token).await?;
-    let metadata = holders_metadata(&keys, &args.token);
+    let metadata = holders_metadata(&keys);
     let lock = adopt(redis, &args.keys, &args.token, &metadata, RELEASE_TTL).await?;
     match lock.release().await {
         Ok(()) => Ok(0),
@@ -96,10 +96,10 @@ async fn held_by<C>(redis: &Redis<C>, keys: &[String], token: &str) -> Result<Ve
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let seen = holder::inspect_all(&redis.nodes, keys)
+    let seen = holder::inspect_all(&redis.nodes, keys, Some(token))
         .await
         .map_err(|err| unavailable(&err))?;
-    if let Some(loss) = Loss::find(&seen, token) {
+    if let Some(loss) = Loss::find(&seen) {
         if loss.others.state() == State::WrongType {
             return Err(Failure::new(DATA, loss.describe()));
         }
@@ -127,10 +127,10 @@ where
     }
 }
 
-/// The metadata the holder of `token` stored (all keys of a lock store the same).
-fn holders_metadata(keys: &[Key], token: &str) -> String {
+/// The metadata the lock the keys were read for stored (all keys of a lock store the same).
+fn holders_metadata(keys: &[Key]) -> String {
     keys.iter()
-        .find_map(|key| key.metadata_of(token))
+        .find_map(Key::own_metadata)
         .unwrap_or_default()
         .to_owned()
 }
