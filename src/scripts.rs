@@ -37,9 +37,22 @@ pub(crate) struct Lua {
 
 impl Lua {
     /// The file and line in it that line `line` (from 1) of the script comes from.
-    #[allow(dead_code)] // For reading a script's error; the tests check the map.
     pub(crate) fn origin(&self, line: usize) -> Option<(&'static str, usize)> {
         self.lines.get(line.checked_sub(1)?).copied()
+    }
+
+    /// Logs which fragment an error of this script names by its line (`user_script:<line>`,
+    /// a line of the bundled script): only the file and line, nothing of the error's text,
+    /// which may quote values.
+    pub(crate) fn note_origin(&self, err: &redis::RedisError) {
+        let said = err.to_string();
+        let Some(rest) = said.split("user_script:").nth(1) else {
+            return;
+        };
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        if let Some((file, line)) = digits.parse().ok().and_then(|at| self.origin(at)) {
+            tracing::warn!("a lockset script failed at lua/{file}.lua:{line}");
+        }
     }
 }
 

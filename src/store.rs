@@ -795,8 +795,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 .arg(&args);
             cmd
         };
+        // A script's own error names a line of the bundled script: the log says whose.
+        let failed = |err: RedisError| {
+            script.note_origin(&err);
+            err
+        };
         if sending == Sending::Whole {
-            return Ok(self.query(command("EVAL", &script.source), wait).await?);
+            return Ok(self
+                .query(command("EVAL", &script.source), wait)
+                .await
+                .map_err(failed)?);
         }
         match self.query(command("EVALSHA", &script.hash), wait).await {
             Err(err)
@@ -806,9 +814,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 Ok(self
                     .query(command("EVAL", &script.source), wait)
                     .await
-                    .map_err(script_error)?)
+                    .map_err(|err| script_error(failed(err)))?)
             }
-            reply => Ok(reply.map_err(script_error)?),
+            reply => Ok(reply.map_err(|err| script_error(failed(err)))?),
         }
     }
 

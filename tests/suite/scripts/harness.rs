@@ -88,7 +88,6 @@ pub(super) struct Row {
 }
 
 /// The locks the row's obtains got, by token.
-
 type Locks = HashMap<&'static str, Lock<ConnectionManager>>;
 
 /// The server's clock in ms.
