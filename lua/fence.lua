@@ -1,5 +1,4 @@
--- Fencing tokens, shared by obtain.lua and modes.lua: this text takes the place of their
--- "-- (fence.lua goes here)" line.
+-- Fencing tokens, for obtain.lua and modes_obtain.lua (needs clock.lua).
 --
 -- mint(counter, epoch) increments the counter and returns the new token as a decimal string,
 -- or an error reply (WRONGTYPE, a counter that is not an integer or not positive, ...). The
@@ -23,14 +22,14 @@ local function mint(counter, epoch)
     return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. incremented .. ', not positive')
   end
   local fence = redis.call('GET', counter)
-  local now = redis.call('TIME')
-  local clock = now[1] .. string.format('%06d', tonumber(now[2]))
+  local time = clock()
+  local micros = time[1] .. string.format('%06d', tonumber(time[2]))
   if epoch > 0 then
-    clock = epoch .. string.rep('0', 16 - #clock) .. clock
+    micros = epoch .. string.rep('0', 16 - #micros) .. micros
   end
-  if greater(clock, fence) then
-    redis.call('SET', counter, clock)
-    fence = clock
+  if greater(micros, fence) then
+    redis.call('SET', counter, micros)
+    fence = micros
   end
   return fence
 end

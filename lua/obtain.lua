@@ -84,7 +84,7 @@ if all_free and not counter and not fair then
   return {1, false}
 end
 
--- (queue.lua goes here)
+-- (fragments go here)
 if fair and not queue_of(KEYS[1]) then
   fair = false
 end
@@ -108,8 +108,7 @@ if all_free and not counter then
   return won(false)
 end
 
--- (owner.lua goes here)
-
+-- (fragments go here)
 local mine = {}    -- {index, current value} of keys this owner already held
 local function undo()
   local m = 1
@@ -132,8 +131,8 @@ end
 
 local function held_by_another(i, current)
   undo()
-  if mark_holder and ours_to_mark(current) then
-    redis.call('SET', KEYS[i], '!' .. current, 'KEEPTTL')
+  if mark_holder then
+    mark_value(KEYS[i], current)
   end
   if fair and settle(queue_up, member, lock_keys(), value, ttl, lease, id, turn, listen, i, nil) then
     return {0, redis.call('PTTL', KEYS[i]), i, 1}
@@ -186,7 +185,6 @@ else
   end
 end
 
--- (fence.lua goes here)
 local fence = false
 if counter then
   fence = mint(counter, epoch)
@@ -201,16 +199,6 @@ local wanted = tonumber(ttl)
 -- TTL this way: an attempt after the notice (one that did not take the hand-off as it was
 -- told) extends them; a caller's own token may also hold some key as an outer lock.
 for j = 1, #mine do
-  local i, current = mine[j][1], mine[j][2]
-  local stored = value
-  if string.byte(current, 1) == 33 then
-    stored = '!' .. value
-  end
-  local left = redis.call('PTTL', KEYS[i])
-  if left >= 0 and left < wanted then
-    redis.call('SET', KEYS[i], stored, 'PX', ttl)
-  else
-    redis.call('SET', KEYS[i], stored, 'KEEPTTL')
-  end
+  renew(KEYS[mine[j][1]], mine[j][2], wanted)
 end
 return won(fence)

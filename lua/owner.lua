@@ -1,5 +1,5 @@
--- Ownership, shared by every script: this text takes the place of their
--- "-- (owner.lua goes here)" line, where `value` (the lock's value) is set.
+-- Ownership, for every script that looks past its fast path: where `value` (the lock's
+-- value) is set.
 --
 -- The owner tag leads every value an owner writes: "<token length>:<token>", which spells out
 -- its own length, so it is read off the value instead of being sent beside it (an argument
@@ -10,14 +10,25 @@ local digits = string.match(value, '^%d+')
 local n = #digits + 1 + tonumber(digits)
 local owner = string.sub(value, 1, n)
 
+-- A waiter's mark: a leading '!' on a string key's value, put there by somebody who waits
+-- for the key, so that its release announces itself or hands the key on (mark.lua writes
+-- it; a set key is marked by its member "=w" instead).
+local MARK, MARK_BYTE = '!', 33
+
+-- Whether a stored value carries a waiter's mark.
+local function marked(current)
+  return string.byte(current, 1) == MARK_BYTE
+end
+
 -- Whether a stored value is ours: whole, by tag, or by tag behind a waiter's mark.
 local function owned(current)
   return current == value or (type(current) == 'string' and (string.sub(current, 1, n) == owner
-    or (string.byte(current, 1) == 33 and string.sub(current, 2, n + 1) == owner)))
+    or (marked(current) and string.sub(current, 2, n + 1) == owner)))
 end
 
 -- Whether a value was written by this library: "<token length>:<token>..." with a token as
--- long as it says. Only those are ever marked (a leading '!': somebody waits for the key).
+-- long as it says. Only those are ever marked (and a marked value is not one: it leads with
+-- the mark).
 local function ours_to_mark(current)
   local digits = string.match(current, '^(%d+):')
   local len = tonumber(digits)

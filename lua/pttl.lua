@@ -9,7 +9,7 @@
 --        otherwise the smallest remaining time in milliseconds.
 --        an error: any other error reading a key (the server's own), before anything changed
 local value = ARGV[1]
--- (owner.lua goes here)
+-- (fragments go here)
 
 local least, missing = -1, false
 for i = 1, #KEYS do

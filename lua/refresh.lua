@@ -12,7 +12,7 @@
 --        0  some key holds another owner's value, or another type; nothing changed
 --        an error: any other error reading a key (the server's own), before anything changed
 local value, ttl, restore, rewrite = ARGV[1], ARGV[2], ARGV[3] == '1', ARGV[4] == '1'
--- (owner.lua goes here)
+-- (fragments go here)
 
 -- What each key held, kept only for a rewrite (the common path stays as cheap as it was).
 local missing, held = false, rewrite and {} or nil
@@ -37,8 +37,7 @@ end
 for i = 1, #KEYS do
   if not (missing and redis.call('SET', KEYS[i], value, 'PX', ttl, 'NX')) then
     if held then
-      local mark = string.byte(held[i], 1) == 33 and '!' or ''
-      redis.call('SET', KEYS[i], mark .. value, 'PX', ttl)
+      redis.call('SET', KEYS[i], remarked(held[i], value), 'PX', ttl)
     else
       redis.call('PEXPIRE', KEYS[i], ttl)
     end

@@ -61,8 +61,7 @@ elseif count <= CHUNK then
 end
 
 -- The slow path: somebody waits, the metadata changed, or the lock is not held as it was.
--- (owner.lua goes here)
--- (queue.lua goes here)
+-- (fragments go here)
 local notice = ARGV[5] or 'PUBLISH'
 -- Redis before 7.0 has no sharded pub/sub: a cluster's waiters listen with SUBSCRIBE there.
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
@@ -108,14 +107,14 @@ local function announce_all(keys)
 end
 
 -- Next, a single key that holds our value behind a waiter's mark: a hand-off overwrites it.
-if single == '!' .. value then
+if single == MARK .. value then
   redis.call('DEL', KEYS[1])
   announce_all(KEYS)
   return 1
 end
 
 local missing = false
-local marked = {}
+local marked_keys = {}
 for first = 1, count, CHUNK do
   local last = math.min(first + CHUNK - 1, count)
   local values = redis.call('MGET', unpack(KEYS, first, last))
@@ -131,8 +130,8 @@ for first = 1, count, CHUNK do
         missing = true
       elseif not owned(current) then
         return 0
-      elseif string.byte(current, 1) == 33 then
-        marked[#marked + 1] = KEYS[first + j - 1]
+      elseif marked(current) then
+        marked_keys[#marked_keys + 1] = KEYS[first + j - 1]
       end
     end
   end
@@ -145,5 +144,5 @@ for first = 1, count, CHUNK do
   redis.call('DEL', unpack(KEYS, first, math.min(first + CHUNK - 1, count)))
 end
 
-announce_all(marked)
+announce_all(marked_keys)
 return 1

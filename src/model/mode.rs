@@ -75,7 +75,7 @@ impl fmt::Display for Mode {
 }
 
 impl Mode {
-    /// The mode as `modes.lua` names it.
+    /// The mode as `lua/modes_*.lua` names it.
     fn code(self) -> String {
         match self {
             Self::Exclusive => "x".to_owned(),
@@ -84,7 +84,7 @@ impl Mode {
         }
     }
 
-    /// The mode `modes.lua` names `code` (as it stores it), if any.
+    /// The mode `lua/modes_*.lua` names `code` (as it stores it), if any.
     pub(crate) fn from_code(code: &str) -> Option<Self> {
         match code {
             "x" => Some(Self::Exclusive),
@@ -98,7 +98,7 @@ impl Mode {
 }
 
 /// The modes of a lock that holds some key in a mode other than exclusive, one per key,
-/// and the form in which `modes.lua` takes them.
+/// and the form in which `lua/modes_*.lua` takes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Modes {
     modes: Vec<Mode>,
@@ -121,7 +121,7 @@ impl Modes {
     }
 
     /// Every one of `count` keys exclusive: for an obtain that found a shared or counted
-    /// key, which only `modes.lua` understands.
+    /// key, which only `lua/modes_*.lua` understands.
     pub(crate) fn exclusive(count: usize) -> Self {
         Self::encode(vec![Mode::Exclusive; count])
     }
@@ -139,7 +139,7 @@ impl Modes {
         &self.modes
     }
 
-    /// The modes as `modes.lua` takes them.
+    /// The modes as `lua/modes_*.lua` takes them.
     pub(crate) fn encoded(&self) -> &str {
         &self.encoded
     }

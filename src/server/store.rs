@@ -346,7 +346,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Box::pin(self.obtain_by_script(claim, how.mark_holder || queue.is_some(), queue)).await
     }
 
-    /// Tries once to lock every key of `claim` in its mode, by `modes.lua`.
+    /// Tries once to lock every key of `claim` in its mode, by `lua/modes_obtain.lua`.
     async fn obtain_by_modes(
         &self,
         claim: &Claim<'_>,
@@ -364,7 +364,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         );
         let args = mode_args("obtain", modes, claim, rest);
         let (reply, acks) = self
-            .write(&scripts::MODES, claim.keys, claim.counter, args)
+            .write(&scripts::MODES_OBTAIN, claim.keys, claim.counter, args)
             .await?;
         if let Value::Array(items) = &reply
             && let [Value::Int(scripts::MODE_MISMATCH), Value::Int(index), held] = items.as_slice()
@@ -458,7 +458,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         let left: i64 = match claim.modes {
             Some(modes) => {
                 let args = mode_args("pttl", modes, claim, &[] as &[&str]);
-                self.invoke(&scripts::MODES, claim.keys, None, args).await?
+                self.invoke(&scripts::MODES_PTTL, claim.keys, None, args)
+                    .await?
             }
             None => {
                 self.invoke(&scripts::PTTL, claim.keys, None, claim.value)
@@ -492,7 +493,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Some(modes) => {
                 let rest = (claim.ttl.millis, u8::from(restore), rewrite);
                 let args = mode_args("refresh", modes, claim, rest);
-                self.write(&scripts::MODES, claim.keys, None, args).await?
+                self.write(&scripts::MODES_REFRESH, claim.keys, None, args)
+                    .await?
             }
             None => match self.extend_natively(claim, rewrite.is_some()).await? {
                 Some(acks) => (scripts::DONE, acks),
@@ -632,9 +634,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Some(modes) => {
                 let rest = (announce, payload, self.announce, leaving, only_leave);
                 let args = mode_args("release", modes, claim, rest);
-                self.send(&scripts::MODES, claim.keys, None, args, sending, false)
-                    .await?
-                    .0
+                self.send(
+                    &scripts::MODES_RELEASE,
+                    claim.keys,
+                    None,
+                    args,
+                    sending,
+                    false,
+                )
+                .await?
+                .0
             }
             None => {
                 // The common case is the script's default, and then goes without the rest:
@@ -787,8 +796,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 .arg(&args);
             cmd
         };
+        // A script's own error names a line of the bundled script: the log says whose.
+        let failed = |err: RedisError| {
+            script.note_origin(&err);
+            err
+        };
         if sending == Sending::Whole {
-            return Ok(self.query(command("EVAL", &script.source), wait).await?);
+            return Ok(self
+                .query(command("EVAL", &script.source), wait)
+                .await
+                .map_err(failed)?);
         }
         match self.query(command("EVALSHA", &script.hash), wait).await {
             Err(err)
@@ -798,9 +815,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 Ok(self
                     .query(command("EVAL", &script.source), wait)
                     .await
-                    .map_err(script_error)?)
+                    .map_err(|err| script_error(failed(err)))?)
             }
-            reply => Ok(reply.map_err(script_error)?),
+            reply => Ok(reply.map_err(|err| script_error(failed(err)))?),
         }
     }
 
@@ -854,7 +871,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     }
 }
 
-/// A fair waiter's queue arguments, as `obtain.lua` and `modes.lua` take them: its lease,
+/// A fair waiter's queue arguments, as `obtain.lua` and `lua/modes_*.lua` take them: its lease,
 /// id, turn, and the key it hears its hand-off on (Lua counts from 1).
 /// A script's error: [`Error::ScriptsRefused`] when the server refuses to run scripts at
 /// all (the ACL user lost them since the first obtain checked, or they were renamed away).
@@ -927,7 +944,7 @@ fn fewest_replicas_per_shard(nodes: &str) -> u32 {
         .unwrap_or(0)
 }
 
-/// The arguments of `modes.lua`'s operation `op` for `claim`, followed by the operation's
+/// The arguments of the `lua/modes_*.lua` script for operation `op` for `claim`, followed by the operation's
 /// own (`rest`).
 fn mode_args<'a, T: ToRedisArgs>(
     op: &'static str,
@@ -944,7 +961,7 @@ fn mode_args<'a, T: ToRedisArgs>(
     )
 }
 
-/// The error for `modes.lua`'s reply that `keys[index - 1]` is held as `held`.
+/// The error for `modes_obtain.lua`'s reply that `keys[index - 1]` is held as `held`.
 fn mode_mismatch(keys: &[String], modes: &Modes, index: i64, held: &Value) -> Error {
     let index = usize::try_from(index - 1).unwrap_or(0);
     let held: String = redis::from_redis_value_ref(held).unwrap_or_default();

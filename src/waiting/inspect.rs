@@ -2,7 +2,7 @@
 //! as `lockset status`, without a token in sight.
 //!
 //! Reading only: nothing is written and nothing joins a queue. The storage of shared and
-//! counted keys (`lua/modes.lua`) is known on the Rust side here alone, in [`KEY_READER`]
+//! counted keys (`lua/modes_args.lua`, `lua/sets.lua`) is known on the Rust side here alone, in [`KEY_READER`]
 //! and [`parse_reply`]; the queue's in [`read_queue`]. What it reads describes; it never
 //! decides who gets a lock (the scripts do).
 
@@ -148,7 +148,7 @@ impl fmt::Debug for Holder {
 /// value, or a sorted set's marks (the members scored `-inf`: its mode `=s` or `=p<N>`, and
 /// `=w` when somebody waits) and its members that have not expired, each with the
 /// milliseconds left of it by the server's clock (a holder's value, or `=x`: a waiting
-/// writer). The layout is `lua/modes.lua`'s.
+/// writer). The layout is `lua/modes_args.lua`'s.
 const KEY_READER: &str = r"
 local key = KEYS[1]
 local kind = redis.call('TYPE', key)['ok']
@@ -312,7 +312,7 @@ fn from_set(marks: &[String], live: &[(Vec<u8>, i64)]) -> (Holding, bool, Option
         Some(_) if holders.is_empty() => Holding::Free,
         Some(Mode::Shared) => Holding::Shared(holders),
         Some(Mode::Permit { limit }) => Holding::Permits { limit, holders },
-        // `modes.lua` never stores "=x" among the marks: not a set it wrote.
+        // The modes scripts never store "=x" among the marks: not a set it wrote.
         Some(Mode::Exclusive) | None => Holding::WrongType {
             kind: "zset".to_owned(),
         },

@@ -6,7 +6,7 @@
 //!   be followed at once by another (no notice where nobody listens).
 //! - `events`: release events (one pub/sub connection per client) that wake waiters, and
 //!   the hand-off notices that tell a fair waiter it was handed the lock.
-//! - `fair`: a fair obtain's place in the waiter queues in Redis (`lua/queue.lua`).
+//! - `fair`: a fair obtain's place in the waiter queues in Redis (`lua/queue.lua`, `lua/handoff.lua`).
 //! - `reader`: who waits for a key, read from its queue (public: `read_queue`).
 //! - `inspect`: who holds a key and how, and who waits for it (public: `inspect`).
 //!

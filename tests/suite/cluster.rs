@@ -566,7 +566,7 @@ async fn fair_waiters_and_releases_work_while_their_slot_is_migrating() {
     handed_on_while_migrating("{fmig}:held", lockset::Mode::Exclusive).await;
 }
 
-/// The same with a reader's release (`modes.lua`) and a writer waiting.
+/// The same with a reader's release (`modes_release.lua`) and a writer waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_readers_release_hands_on_while_its_slot_is_migrating() {
     handed_on_while_migrating("{fmig}:doc", lockset::Mode::Shared).await;

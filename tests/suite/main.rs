@@ -34,6 +34,7 @@ mod redlock;
 mod reply_lost;
 mod restricted;
 mod retry_and_deadline;
+mod scripts;
 mod status;
 mod tls;
 mod waiting;

@@ -983,9 +983,9 @@ async fn adopting_in_the_wrong_mode_is_not_held() {
 #[tokio::test]
 async fn a_restoring_refresh_without_room_changes_nothing() {
     let env = Env::start().await;
-    let script = &support::bundled(include_str!("../../lua/modes.lua"));
     let eval = async |keys: &[&str], args: &[&str]| -> i64 {
         let mut cmd = lockset::redis::cmd("EVAL");
+        let script = &support::scripts::MODES_REFRESH.source;
         cmd.arg(script).arg(keys.len()).arg(keys).arg(args);
         cmd.query_async(&mut env.raw.clone()).await.unwrap()
     };
@@ -993,6 +993,7 @@ async fn a_restoring_refresh_without_room_changes_nothing() {
     let other = ["obtain", "p1", "5:other", "0", "10000", "0", "0", "0"];
     let taken: Vec<Option<i64>> = {
         let mut cmd = lockset::redis::cmd("EVAL");
+        let script = &support::scripts::MODES_OBTAIN.source;
         cmd.arg(script).arg(1).arg("P").arg(&other);
         cmd.query_async(&mut env.raw.clone()).await.unwrap()
     };

@@ -587,7 +587,7 @@ async fn ttl_right_after_a_refresh_reports_the_new_ttl() {
         proxies.push(proxy);
     }
     let redlock = Client::quorum(nodes, QuorumConfig::default().node_timeout(ms(5_000))).unwrap();
-    let pttl = support::bundled(include_str!("../../lua/pttl.lua"));
+    let pttl = &support::scripts::PTTL.source;
     for run in 0..10 {
         let lock = redlock
             .obtain(format!("job{run}"), ms(10_000), &Options::default())
@@ -603,7 +603,7 @@ async fn ttl_right_after_a_refresh_reports_the_new_ttl() {
                 .unwrap();
             let _: String = lockset::redis::cmd("SCRIPT")
                 .arg("LOAD")
-                .arg(&pttl)
+                .arg(pttl)
                 .query_async(&mut conn)
                 .await
                 .unwrap();

@@ -118,11 +118,7 @@ async fn a_local_hand_over_whose_release_met_noscript_still_wakes_the_waiter() {
     // Only the release script is missing: the waiter's attempts run without delay.
     let _: String = env.cmd(&["SCRIPT", "FLUSH"]).await;
     let _: String = env
-        .cmd(&[
-            "SCRIPT",
-            "LOAD",
-            &support::bundled(include_str!("../../lua/obtain.lua")),
-        ])
+        .cmd(&["SCRIPT", "LOAD", &support::scripts::OBTAIN.source])
         .await;
     held.release().await.unwrap();
     let noscript: String = env.cmd(&["INFO", "errorstats"]).await;

@@ -110,15 +110,10 @@ impl Masters {
     /// Loads the lock scripts on every master, so that no attempt pays a NOSCRIPT round
     /// trip (which a test with short node limits on a loaded machine may not afford).
     pub async fn load_scripts(&self) {
-        let scripts = [
-            super::bundled(include_str!("../../lua/obtain.lua")),
-            super::bundled(include_str!("../../lua/pttl.lua")),
-            super::bundled(include_str!("../../lua/refresh.lua")),
-            super::bundled(include_str!("../../lua/release.lua")),
-        ];
+        let scripts = super::scripts::all();
         for i in 0..self.servers.len() {
-            for script in &scripts {
-                let _: String = self.cmd(i, &["SCRIPT", "LOAD", script]).await;
+            for (_, script) in &scripts {
+                let _: String = self.cmd(i, &["SCRIPT", "LOAD", &script.source]).await;
             }
         }
     }

@@ -6,6 +6,10 @@ pub mod cluster;
 pub mod fair;
 pub mod masters;
 pub mod proxy;
+/// The library's own bundled scripts (`src/server/scripts.rs`), for tests that load or run
+/// one by hand.
+#[path = "../../src/server/scripts.rs"]
+pub mod scripts;
 pub mod sentinel;
 pub mod server;
 #[cfg(feature = "tls")]
@@ -220,27 +224,6 @@ pub async fn lost_by(lost: &lockset::LostSignal, due: tokio::time::Instant) {
         fired.is_ok(),
         "the lost signal did not fire within {slack:?} of when it was due"
     );
-}
-
-/// A bundled script as the library sends it: `owner.lua` and `queue.lua` in place of their
-/// marker lines (see `src/scripts.rs`).
-pub fn bundled(script: &str) -> String {
-    script
-        .replacen(
-            "-- (owner.lua goes here)\n",
-            include_str!("../../lua/owner.lua"),
-            1,
-        )
-        .replacen(
-            "-- (queue.lua goes here)\n",
-            include_str!("../../lua/queue.lua"),
-            1,
-        )
-        .replacen(
-            "-- (fence.lua goes here)\n",
-            include_str!("../../lua/fence.lua"),
-            1,
-        )
 }
 
 /// A primary and one replica of it, once the replica is in sync (see
