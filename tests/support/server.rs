@@ -227,17 +227,19 @@ impl RedisServer {
             dir: Some(dir),
             reserved: None,
         };
-        server.wait_ready().then_some(server)
+        // Only a server told to want a password may answer NOAUTH as itself.
+        let wants_password = file.is_some() || extra.iter().any(|arg| *arg == "--requirepass");
+        server.wait_ready(wants_password).then_some(server)
     }
 
-    fn wait_ready(&mut self) -> bool {
+    fn wait_ready(&mut self, wants_password: bool) -> bool {
         let start = Instant::now();
         while start.elapsed() < STARTUP {
             if matches!(self.child.try_wait(), Ok(Some(_))) {
                 return false;
             }
             if ping(self.port) {
-                return self.answers_as_itself();
+                return self.answers_as_itself(wants_password);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -247,13 +249,19 @@ impl RedisServer {
     /// Whether the server answering on the port is this process: a server of another test
     /// may have taken the port first (tests run side by side in one process, and a restart
     /// reuses its port), and this one then fails to bind it and exits. A server that wants a
-    /// password cannot be asked, and counts as itself.
-    fn answers_as_itself(&self) -> bool {
+    /// password cannot be asked: it counts as itself only when this one was told to want one
+    /// (`wants_password`); else it is another test's (one that set a password: a test failed
+    /// with NOAUTH on a server it had just started).
+    fn answers_as_itself(&self, wants_password: bool) -> bool {
         let info = cli(self.port, &["INFO", "server"]);
-        info.lines()
+        match info
+            .lines()
             .find_map(|line| line.trim().strip_prefix("process_id:"))
             .and_then(|pid| pid.parse::<u32>().ok())
-            .is_none_or(|pid| pid == self.child.id())
+        {
+            Some(pid) => pid == self.child.id(),
+            None => wants_password,
+        }
     }
 
     /// The server's URL, `redis://127.0.0.1:<port>/`.
