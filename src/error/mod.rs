@@ -107,7 +107,7 @@ pub enum Error {
     /// (`ACL SETUSER <user> +eval +evalsha`, or `+@scripting`). See the guide's servers
     /// chapter.
     #[error(
-        "the server refuses to run lockset's scripts (EVAL and EVALSHA): grant them to this user (+eval +evalsha), or do not rename them; nothing was locked by this request"
+        "the server refuses to run lockset's scripts (EVAL and EVALSHA): grant them to this user (+eval +evalsha), or do not rename them (an obtain writes nothing then; a lock already held stays until its TTL)"
     )]
     ScriptsRefused,
 
@@ -327,7 +327,7 @@ impl Error {
             Self::Redis(err) => is_unreachable(err) || is_changing_over(err),
             Self::Quorum {
                 failures, expired, ..
-            } => !refused(failures) && !expired,
+            } => !refused(failures) && !expired && !self.is_scripts_refused(),
             _ => false,
         }
     }
@@ -341,8 +341,25 @@ impl Error {
 
     /// True when the server refuses to run lockset's scripts ([`Error::ScriptsRefused`]):
     /// a setting of the server or its ACL to fix, not a state that passes.
+    /// On a Redlock quorum, true when the masters that refuse the scripts leave no majority
+    /// ([`NodeFailure::ScriptsRefused`]).
     pub fn is_scripts_refused(&self) -> bool {
-        matches!(self, Self::ScriptsRefused)
+        match self {
+            Self::ScriptsRefused => true,
+            Self::Quorum {
+                failures,
+                nodes,
+                needed,
+                ..
+            } => {
+                let refusing = failures
+                    .iter()
+                    .filter(|(_, failure)| matches!(failure, NodeFailure::ScriptsRefused))
+                    .count();
+                refusing > 0 && nodes.saturating_sub(refusing) < *needed
+            }
+            _ => false,
+        }
     }
 
     /// True when a call of the blocking API came from inside an async runtime

@@ -88,22 +88,32 @@ impl Natives {
     }
 
     /// Whether the server behind `conn` runs this client's scripts, trying them first when
-    /// nobody has yet (or the primary changed since). One round trip, once: an obtain asks
-    /// before it writes anything. `pipelined`: both tries may go in one request (not on a
-    /// cluster, whose key-less commands may go to different nodes).
+    /// nobody has yet (or the primary changed since, or they were refused since). One round
+    /// trip: an obtain asks before it writes anything, and a client that connects asks
+    /// beforehand. Only a yes is kept: a refused client asks again at its next obtain (which
+    /// fails anyway), so that an operator's fix counts at once. `key`: the tries name it, so
+    /// that a cluster routes them to the node that serves it (key-less commands go to any
+    /// node; one with its own ACL or renamed commands would answer for all).
     pub(crate) async fn scripts<C: ConnectionLike + Clone>(
         &self,
         conn: &C,
         epoch: Option<u64>,
-        pipelined: bool,
+        key: Option<&str>,
     ) -> RedisResult<bool> {
         let found = self
             .learn(epoch, SCRIPTS_KNOWN, async || {
-                let run = scripts_run(&mut conn.clone(), pipelined).await?;
-                Ok(SCRIPTS_KNOWN | if run { SCRIPTS } else { 0 })
+                let run = scripts_run(&mut conn.clone(), key).await?;
+                Ok(if run { SCRIPTS_KNOWN | SCRIPTS } else { 0 })
             })
             .await?;
         Ok(found.0 & SCRIPTS != 0)
+    }
+
+    /// The server refused a script as such after it was found to run them (an ACL changed,
+    /// a server replaced behind the same address): the next obtain asks again.
+    pub(crate) fn forget_scripts(&self) {
+        self.found
+            .fetch_and(!(SCRIPTS_KNOWN | SCRIPTS), Ordering::AcqRel);
     }
 
     /// The bits known of the current primary, after asking by `ask` (which returns `part`
@@ -223,28 +233,24 @@ async fn ask<C: ConnectionLike>(conn: &mut C) -> RedisResult<u8> {
 }
 
 /// Whether the server runs scripts for this client: a trivial `EVAL`, and `EVALSHA` of its
-/// hash (NOSCRIPT, when a cluster sent it to another node, still means it may run). A
-/// refusal as such (`NOPERM`, an unknown command) is a no; any other error (`LOADING`, a
-/// failed connection) is returned, so that nothing is concluded from a server that cannot
-/// answer now.
-async fn scripts_run<C: ConnectionLike>(conn: &mut C, pipelined: bool) -> RedisResult<bool> {
+/// hash (NOSCRIPT still means it may run it), in one request; over `key`, when given (a
+/// cluster routes them by it). A refusal as such (`NOPERM`, an unknown command) is a no; any
+/// other error (`LOADING`, a failed connection) is returned, so that nothing is concluded
+/// from a server that cannot answer now.
+async fn scripts_run<C: ConnectionLike>(conn: &mut C, key: Option<&str>) -> RedisResult<bool> {
     const PROBE: &str = "return 1";
     let mut eval = redis::cmd("EVAL");
-    eval.arg(PROBE).arg(0);
+    eval.arg(PROBE).arg(usize::from(key.is_some())).arg(key);
     let mut by_hash = redis::cmd("EVALSHA");
-    by_hash.arg(redis::Script::new(PROBE).get_hash()).arg(0);
-    let replies: Vec<RedisResult<Value>> = if pipelined {
-        // Each reply as it came, errors included (else the first error stands for both).
-        let mut both = redis::pipe();
-        both.add_command(eval).add_command(by_hash).ignore_errors();
-        let values: Vec<Value> = both.query_async(conn).await?;
-        values.into_iter().map(Value::extract_error).collect()
-    } else {
-        vec![
-            eval.query_async(conn).await,
-            by_hash.query_async(conn).await,
-        ]
-    };
+    by_hash
+        .arg(redis::Script::new(PROBE).get_hash())
+        .arg(usize::from(key.is_some()))
+        .arg(key);
+    // Each reply as it came, errors included (else the first error stands for both).
+    let mut both = redis::pipe();
+    both.add_command(eval).add_command(by_hash).ignore_errors();
+    let values: Vec<Value> = both.query_async(conn).await?;
+    let replies: Vec<RedisResult<Value>> = values.into_iter().map(Value::extract_error).collect();
     for reply in replies {
         match reply {
             Ok(_) => {}

@@ -238,7 +238,11 @@ pub(crate) static REFRESH: LazyLock<Lua> = LazyLock::new(|| {
 /// waiter that gives up leaves its queues through it too.
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     let fragments = ["owner", "mark", "clock", "admit", "queue", "handoff"];
-    bundle("release", include_str!("../../lua/release.lua"), &[&fragments])
+    bundle(
+        "release",
+        include_str!("../../lua/release.lua"),
+        &[&fragments],
+    )
 });
 
 /// An obtain of a lock that holds some key shared or as a permit.

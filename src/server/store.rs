@@ -146,15 +146,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             None => None,
         };
         // Whatever path this obtain takes, releasing, refreshing or asking the TTL may need a
-        // script: a server that refuses them gets nothing written (asked once per connection).
-        let cluster = self.is_cluster();
-        if !self
-            .natives
-            .scripts(&self.conn, self.primary_epoch(), !cluster)
-            .await?
-        {
-            return Err(Error::ScriptsRefused);
-        }
+        // script: a server that refuses them gets nothing written.
+        self.check_scripts(claim.keys.first().map(String::as_str))
+            .await?;
         // The script paths' futures are boxed: every caller's future would otherwise carry
         // (and copy, each time it moves) room for them, also on the common path without.
         let written = if let Some(modes) = claim.modes {
@@ -181,6 +175,30 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             return Box::pin(self.undo_moved(claim)).await;
         }
         Ok(outcome)
+    }
+
+    /// [`Error::ScriptsRefused`] unless the server runs this client's scripts (asked once per
+    /// connection and primary while it does; `key`, on a cluster, says which node to ask).
+    pub(crate) async fn check_scripts(&self, key: Option<&str>) -> Result<()> {
+        let key = key.filter(|_| self.is_cluster());
+        let epoch = self.primary_epoch();
+        match self.natives.scripts(&self.conn, epoch, key).await? {
+            true => Ok(()),
+            false => Err(Error::ScriptsRefused),
+        }
+    }
+
+    /// A script's error: [`Error::ScriptsRefused`] when the server refuses to run scripts as
+    /// such (the ACL user lost them since an obtain checked, or they were renamed away): the
+    /// next obtain asks again before it writes.
+    fn script_error(&self, err: RedisError) -> Error {
+        if !classify::refuses_command(&err) {
+            return err.into();
+        }
+        self.natives.forget_scripts();
+        let err = crate::error::redact(err);
+        tracing::warn!(%err, "the server refuses this client's scripts");
+        Error::ScriptsRefused
     }
 
     /// Follows `deployment` (set once): fencing tokens are led by its epoch, replicated
@@ -815,9 +833,9 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 Ok(self
                     .query(command("EVAL", &script.source), wait)
                     .await
-                    .map_err(|err| script_error(failed(err)))?)
+                    .map_err(|err| self.script_error(failed(err)))?)
             }
-            reply => Ok(reply.map_err(|err| script_error(failed(err)))?),
+            reply => Ok(reply.map_err(|err| self.script_error(failed(err)))?),
         }
     }
 
@@ -873,17 +891,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
 /// A fair waiter's queue arguments, as `obtain.lua` and `lua/modes_*.lua` take them: its lease,
 /// id, turn, and the key it hears its hand-off on (Lua counts from 1).
-/// A script's error: [`Error::ScriptsRefused`] when the server refuses to run scripts at
-/// all (the ACL user lost them since the first obtain checked, or they were renamed away).
-fn script_error(err: RedisError) -> Error {
-    if !classify::refuses_command(&err) {
-        return err.into();
-    }
-    let err = crate::error::redact(err);
-    tracing::warn!(%err, "the server refuses this client's scripts");
-    Error::ScriptsRefused
-}
-
 fn queue_args(ticket: &Ticket) -> (u64, &str, u64, usize) {
     let listen = ticket.listen + 1;
     (ticket.lease.millis, ticket.id.as_str(), ticket.turn, listen)

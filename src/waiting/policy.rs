@@ -44,7 +44,7 @@ impl<T> Step<T> {
     /// Classifies an attempt's error: transient Redis errors, a Redlock majority missed
     /// because of failing masters, and a write too few replicas acknowledged are worth
     /// another attempt. A quorum whose majority is out of reach because masters refuse the
-    /// login (or the certificate) is not: no retry changes a setting.
+    /// login (or the certificate) or the scripts is not: no retry changes a setting.
     pub(crate) fn from_error(err: Error) -> Self {
         match &err {
             Error::Redis(redis) | Error::UnknownOutcome(redis) if is_transient(redis) => {
@@ -58,7 +58,11 @@ impl<T> Step<T> {
             } => {
                 let refusing = failures
                     .iter()
-                    .filter(|(_, failure)| matches!(failure, NodeFailure::Redis(redis) if is_access_refusal(redis)))
+                    .filter(|(_, failure)| match failure {
+                        NodeFailure::Redis(redis) => is_access_refusal(redis),
+                        NodeFailure::ScriptsRefused => true,
+                        _ => false,
+                    })
                     .count();
                 if nodes.saturating_sub(refusing) < *needed {
                     Self::Stop(err)

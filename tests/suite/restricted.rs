@@ -193,6 +193,61 @@ async fn a_user_without_scripts_locks_nothing_and_is_told_why() {
     let err = lock.ttl().await.unwrap_err();
     assert!(err.is_scripts_refused(), "{err:?}");
     assert!(!err.to_string().contains(lock.token()), "{err}");
+    // The same client's next obtain asks again, and writes nothing (it had found scripts
+    // allowed before: a single key would otherwise go by plain SET NX).
+    let err = client
+        .obtain("second", ms(30_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_scripts_refused(), "{err:?}");
+    assert_eq!(
+        support::server::cli(server.port(), &["EXISTS", "second"]).trim(),
+        "0"
+    );
+    // And once the operator grants them again, the same client locks at once.
+    assert!(support::server::cli(server.port(), &allowed).contains("OK"));
+    client
+        .obtain("second", ms(30_000), &Options::default())
+        .await
+        .expect("scripts granted again: the refusal is not kept");
+}
+
+/// A Redlock quorum of three masters, two of which refuse the scripts: the obtain stops at
+/// once with an error that says so (not "unavailable", not retried until the deadline), and
+/// writes nothing on the master that would have run them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_whose_majority_refuses_scripts_says_so_at_once() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let mut nodes = Vec::new();
+    for (i, server) in servers.iter().enumerate() {
+        let url = if i < 2 {
+            let user = [
+                "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha",
+            ];
+            assert!(support::server::cli(server.port(), &user).contains("OK"));
+            format!("redis://locker:pw@127.0.0.1:{}/", server.port())
+        } else {
+            server.url()
+        };
+        nodes.push(Client::connect(&url).await.unwrap());
+    }
+    let quorum = Client::quorum(nodes, lockset::QuorumConfig::default()).unwrap();
+    let options = Options::default().timeout(ms(3_000));
+    let start = Instant::now();
+    let err = quorum
+        .obtain("job", ms(30_000), &options)
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(err.is_scripts_refused(), "{err:?}");
+    assert!(!err.is_unavailable() && !err.is_not_obtained(), "{err:?}");
+    assert!(took < REFUSED_WITHIN, "refused after {took:?}");
+    tokio::time::timeout(ms(5_000), quorum.background_idle())
+        .await
+        .expect("background work ends");
+    for server in &servers {
+        assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
+    }
 }
 
 /// The same with `EVALSHA` renamed away in the server's configuration.

@@ -106,7 +106,9 @@ impl Client<ConnectionManager> {
 
     pub(super) async fn connect_client(client: redis::Client) -> Result<Self> {
         let conn = manager(&client).await?;
-        Self::new(conn).with_release_events(client)
+        let connected = Self::new(conn).with_release_events(client)?;
+        connected.ask_scripts().await;
+        Ok(connected)
     }
 }
 
@@ -180,6 +182,7 @@ impl Client<SentinelConnection> {
         }
         let _ = client.inner.address.set(conn.name());
         let _ = client.inner.events.set(Box::new([Events::sentinel(conn)]));
+        client.ask_scripts().await;
         client.replicated(replication).await
     }
 }

@@ -378,6 +378,22 @@ where
         self.inner.tasks.idle().await;
     }
 
+    /// Asks each server whether it runs this client's scripts, so that the first obtain
+    /// need not (a Redlock master's part of an obtain runs within its per-node time limit,
+    /// and every `lockset` run makes a new client). Whatever fails here, that obtain asks
+    /// again; a refusal is only logged here (a client may connect to read queues only).
+    async fn ask_scripts(&self) {
+        if self.inner.cluster {
+            // Which node to ask depends on the key (see `Store::check_scripts`).
+            return;
+        }
+        for store in self.backend().stores() {
+            if let Err(err) = store.check_scripts(None).await {
+                tracing::debug!(%err, "could not ask whether scripts run; the first obtain asks");
+            }
+        }
+    }
+
     pub(crate) fn backend(&self) -> &Backend<C> {
         self.inner.backend()
     }
