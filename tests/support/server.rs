@@ -228,7 +228,7 @@ impl RedisServer {
             reserved: None,
         };
         // Only a server told to want a password may answer NOAUTH as itself.
-        let wants_password = file.is_some() || extra.iter().any(|arg| *arg == "--requirepass");
+        let wants_password = file.is_some() || extra.contains(&"--requirepass");
         server.wait_ready(wants_password).then_some(server)
     }
 
