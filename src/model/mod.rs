@@ -3,7 +3,7 @@
 //! built once per operation, retry strategies, and the checks of input that run before
 //! anything is sent.
 //!
-//! May import nothing of this crate outside `model` (`tests/layers.rs` checks).
+//! May import `rt` only (`tests/layers.rs` checks).
 
 pub(crate) mod fencing;
 pub(crate) mod invalid;

@@ -10,6 +10,8 @@
 //! Every operation ends in [`finished`], which closes its span's fields and records its
 //! metrics in one go; a lock found lost goes through [`lost`], and the end of a holding
 //! through [`ended`]. Nothing else records a figure.
+//!
+//! May import `error`, `model` and `rt` (`tests/layers.rs` checks).
 
 pub(crate) mod meter;
 
