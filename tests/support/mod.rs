@@ -34,11 +34,15 @@ impl Env {
         let server = RedisServer::start();
         let client = Client::connect(&server.url()).await.expect("connect");
         let raw = connect(&server).await;
-        Self {
+        let env = Self {
             server,
             client,
             raw,
-        }
+        };
+        // The command counts start here: what the tests count is what their calls send,
+        // not what connecting asked (whether the server runs the scripts).
+        let _: () = env.cmd(&["CONFIG", "RESETSTAT"]).await;
+        env
     }
 
     /// A second client on the same server, as another process would have.
