@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::pin::pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::client::options::Options;
-use crate::client::shared::Shared;
+use crate::client::state::ClientState;
 use crate::error::{Error, Result};
 use crate::model::mode::{Mode, Modes};
 use crate::model::names::release_channel;
@@ -35,7 +35,7 @@ use crate::waiting::policy::{self, Step, Waiter, Watch};
 /// it into a [`Guard`](crate::Guard) that releases on drop and can keep the lock alive.
 /// `Debug` output never shows the token.
 pub struct Lock<C> {
-    shared: Arc<Shared<C>>,
+    shared: Arc<ClientState<C>>,
     keys: Vec<String>,
     /// Each key's mode, unless every key is exclusive.
     modes: Option<Modes>,
@@ -145,7 +145,7 @@ impl<C> Lock<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    pub(crate) fn new(shared: Arc<Shared<C>>, obtained: Obtained) -> Self {
+    pub(crate) fn new(shared: Arc<ClientState<C>>, obtained: Obtained) -> Self {
         let stragglers = obtained
             .stragglers
             .or_else(|| shared.backend().stragglers());
@@ -202,7 +202,7 @@ where
 
     fn stored_metadata(&self) -> MutexGuard<'_, String> {
         // A plain value: a panic while holding the lock cannot corrupt it.
-        self.metadata.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::rt::lock(&self.metadata)
     }
 
     /// The lock's value: its owner tag followed by its metadata.
@@ -261,7 +261,7 @@ where
 
     fn validity(&self) -> MutexGuard<'_, Validity> {
         // Validity is a plain value: a panic while holding the lock cannot corrupt it.
-        self.validity.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::rt::lock(&self.validity)
     }
 
     /// What this lock claims, with its TTL (or a new one, for a refresh).
@@ -511,7 +511,7 @@ where
         self.ttl.duration
     }
 
-    pub(crate) fn shared(&self) -> &Shared<C> {
+    pub(crate) fn shared(&self) -> &ClientState<C> {
         &self.shared
     }
 
@@ -535,10 +535,7 @@ impl<C> fmt::Debug for Lock<C> {
         f.debug_struct("Lock")
             .field("keys", &self.keys)
             .field("token", &"<redacted>")
-            .field(
-                "metadata",
-                &*self.metadata.lock().unwrap_or_else(PoisonError::into_inner),
-            )
+            .field("metadata", &*crate::rt::lock(&self.metadata))
             .field("ttl", &self.ttl.duration)
             .field("fencing_token", &self.fence)
             .finish_non_exhaustive()

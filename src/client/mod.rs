@@ -1,6 +1,6 @@
 //! The public handles, the top layer: [`Client`](handle::Client) obtains locks,
 //! [`Lock`](lock::Lock) is one held lock, [`Guard`](guard::Guard) releases on drop, and
-//! [`Options`](options::Options) are the per-call settings; `shared` is what a client, its
+//! [`Options`](options::Options) are the per-call settings; `state` is what a client, its
 //! clones and its locks share.
 //!
 //! May import every layer below: `waiting`, `topology`, `server`, `observe`, `error`,
@@ -10,4 +10,4 @@ pub(crate) mod guard;
 pub(crate) mod handle;
 pub(crate) mod lock;
 pub(crate) mod options;
-pub(crate) mod shared;
+pub(crate) mod state;

@@ -13,7 +13,7 @@
 //! query, before anything is sent.
 
 use std::future::Future;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -121,7 +121,7 @@ impl Identities {
 
     fn ids(&self) -> std::sync::MutexGuard<'_, Vec<Identity>> {
         // Plain values: a panic while holding the lock cannot corrupt them.
-        self.ids.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::rt::lock(&self.ids)
     }
 }
 

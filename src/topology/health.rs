@@ -31,7 +31,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -231,7 +231,7 @@ impl Health {
 
     fn owed(&self) -> MutexGuard<'_, Owed> {
         // Plain values: a panic while holding the lock cannot corrupt them.
-        self.owed.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::rt::lock(&self.owed)
     }
 }
 

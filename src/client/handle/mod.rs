@@ -22,7 +22,7 @@ use tracing::Instrument as _;
 use crate::client::lock::{Lock, Obtained};
 use crate::client::options::Options;
 use crate::client::options::default_waiter_lease;
-use crate::client::shared::Shared;
+use crate::client::state::ClientState;
 use crate::error::classify::{self, is_outcome_unknown};
 use crate::error::{Error, Result};
 use crate::model::invalid::InvalidInput;
@@ -72,7 +72,7 @@ use crate::waiting::policy::{self, Held, Limit, Step, Waiter, Watch};
 pub struct Client<C> {
     // One allocation shared by every clone and every lock: cloning a client (each lock
     // holds one) costs a single reference-count increment.
-    inner: Arc<Shared<C>>,
+    inner: Arc<ClientState<C>>,
 }
 
 impl<C> Clone for Client<C> {
@@ -95,7 +95,7 @@ where
 
     fn with_backend(backend: Backend<C>, cluster: bool, tasks: Tasks) -> Self {
         Self {
-            inner: Arc::new(Shared::new(backend, cluster, tasks)),
+            inner: Arc::new(ClientState::new(backend, cluster, tasks)),
         }
     }
 

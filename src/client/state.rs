@@ -10,7 +10,7 @@ use crate::topology::backend::Backend;
 use crate::waiting::events::Events;
 
 /// The state behind a [`Client`](crate::Client), shared by its clones and its locks.
-pub(crate) struct Shared<C> {
+pub(crate) struct ClientState<C> {
     pub(crate) backend: Backend<C>,
     /// A Redis Cluster: all keys of a lock must share a slot.
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
@@ -28,7 +28,7 @@ pub(crate) struct Shared<C> {
     pub(crate) meter: Meter,
 }
 
-impl<C> Shared<C> {
+impl<C> ClientState<C> {
     pub(crate) fn new(backend: Backend<C>, cluster: bool, tasks: Tasks) -> Self {
         Self {
             backend,
