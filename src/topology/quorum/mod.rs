@@ -281,7 +281,14 @@ where
             async move {
                 let writing = share.writing.take();
                 let claim = share.claim.claim();
-                let obtained = share.answer(share.store.obtain(&claim, how)).await;
+                // Whether the master runs the scripts is asked (once per connection) within
+                // a time limit of its own, so that the write keeps its whole limit. The
+                // validity still counts from the start: only the limit is not shared.
+                let first = claim.keys.first().map(String::as_str);
+                let obtained = match share.answer(share.store.check_scripts(first)).await {
+                    Ok(()) => share.answer(share.store.obtain(&claim, how)).await,
+                    Err(failure) => Err(failure),
+                };
                 share.note_sent(writing.as_ref(), &obtained);
                 let vote = match obtained {
                     Ok(Obtain::Obtained { .. }) => Vote::Yes(()),
