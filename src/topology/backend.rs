@@ -136,7 +136,7 @@ where
 
     /// Whether lock writes wait for replicas somewhere: then a fair waiter does not take a
     /// hand-off notice as the lock, but makes an attempt that waits for them (see
-    /// `replication.rs`).
+    /// `server/replication/`).
     pub(crate) fn is_replicated(&self) -> bool {
         self.stores()
             .iter()

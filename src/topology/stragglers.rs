@@ -2,7 +2,7 @@
 //! and how its release and TTL queries keep clear of them, without waiting for them.
 //!
 //! A quorum operation returns once the masters it needs agreed; each master's part runs in a
-//! task of its own that finishes within the per-node limit (see `quorum.rs`). On one
+//! task of its own that finishes within the per-node limit (see `topology/quorum/`). On one
 //! connection, commands run in the order they are sent, and a command that timed out was
 //! sent before anything sent after it. So:
 //!

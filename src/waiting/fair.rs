@@ -5,7 +5,7 @@
 //! notice. Both change only after an attempt whose outcome is unknown (its clean-up, in the
 //! background, releases and leaves by the old token and id, and must not touch the new);
 //! a caller's own token never changes (only the id does, and the clean-up only leaves the
-//! queues: the keys the token holds may be an outer lock's, see `client.rs`). An obtain
+//! queues: the keys the token holds may be an outer lock's, see `client/handle/obtain.rs`). An obtain
 //! that ends without the lock leaves its queues, also when it is cancelled.
 //!
 //! A hand-off notice is the lock: the obtain takes it without sending anything. Its validity

@@ -82,7 +82,7 @@ pub(crate) struct Store<C> {
     /// How many times a script had to be sent whole after a NOSCRIPT reply: the command then
     /// ran again behind whatever was queued after it.
     reloads: AtomicU64,
-    /// How many replicas must acknowledge a lock write (see `replication.rs`); set once.
+    /// How many replicas must acknowledge a lock write (see `server/replication/`); set once.
     replicated: OnceLock<Arc<Replicated>>,
     /// The deployment that names the primary behind the connection (Sentinel), when there
     /// is one: its epoch leads fencing tokens (see `lua/fence.lua`), its replicas count for
@@ -269,7 +269,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     }
 
     /// Makes writes to this server count only once `replicated` is met (see
-    /// `replication.rs`): every later lock write waits for its acknowledgements. Set once;
+    /// `server/replication/`): every later lock write waits for its acknowledgements. Set once;
     /// false when it was set already.
     pub(crate) fn replicate(&self, replicated: Arc<Replicated>) -> bool {
         self.replicated.set(replicated).is_ok()

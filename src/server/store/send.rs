@@ -85,7 +85,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     }
 
     /// Sends `cmd`. With `wait`, when writes are replicated, the wait for replicas follows
-    /// it in the same request, so on the same connection (see `replication.rs`), and its
+    /// it in the same request, so on the same connection (see `server/replication/`), and its
     /// answer comes back beside the reply.
     pub(super) async fn query<T: FromRedisValue>(
         &self,

@@ -11,7 +11,7 @@
 //! (`SENTINEL REPLICAS`). A replica that is not flagged down, answered the sentinel's
 //! pings within [`PROMOTABLE_WITHIN`] and its `INFO` within [`INFO_VALID_WITHIN`] is one
 //! Sentinel may promote; every
-//! such replica must acknowledge a lock's writes (see `replication.rs`). The count is the
+//! such replica must acknowledge a lock's writes (see `server/replication/`). The count is the
 //! highest any agreeing sentinel gives: during a planned failover the old primary lists one
 //! replica fewer (the one being promoted), while the sentinels still list it, so a write
 //! that only the other replica acknowledges does not count.

@@ -13,7 +13,7 @@
 //!   majority agreed.
 //! - **Replicas to wait for.** With every lookup (and every check, every few seconds) comes
 //!   the number of replicas the sentinels could promote: lock writes wait for each of them
-//!   (see `replication.rs`), so that a write the old primary takes during a planned failover,
+//!   (see `server/replication/`), so that a write the old primary takes during a planned failover,
 //!   acknowledged only by the replicas not being promoted, does not count.
 //! - **A restarted primary.** A primary that came back empty grants no lock until the longest
 //!   TTL in use passed since its start (see `primary.rs` and [`SentinelConfig::restart_grace`]).

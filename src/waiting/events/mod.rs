@@ -2,7 +2,7 @@
 //! lock they wait for is released, instead of leaving them to poll.
 //!
 //! **Who announces.** A waiter that finds a key held marks the holder's value (a leading `!`,
-//! see `value.rs`), and the holder's release announces exactly the marked keys, each on its
+//! see `model/value.rs`), and the holder's release announces exactly the marked keys, each on its
 //! release channel. An uncontended release announces nothing and costs nothing.
 //!
 //! **Listening.** A waiter registers interest in the channel of the key it waits for, then
