@@ -96,7 +96,12 @@ async fn a_user_limited_to_a_key_prefix_gives_up_waiting_and_shares() {
         .await
         .unwrap_err();
     let took = started.elapsed();
-    assert!(err.is_deadline_exceeded(), "{err:?}");
+    // On a loaded machine the deadline may pass while an attempt still waits for Redis: an
+    // unknown outcome, cleaned up behind it like a deadline.
+    assert!(
+        err.is_deadline_exceeded() || matches!(err, lockset::Error::UnknownOutcome(_)),
+        "{err:?}"
+    );
     assert!(took >= ms(500) && took < ms(2_000), "{took:?}");
     support::eventually(ms(5_000), "the waiter leaves the queue", async || {
         queued(&server, "pre:held").await == 0

@@ -235,7 +235,13 @@ async fn a_waiter_whose_blocking_key_keeps_changing_neither_spins_nor_misses_its
         .timeout(ms(1_000))
         .fair(false);
     let (outcome, took) = obtain_flipped(&env, &options).await;
-    assert!(outcome.unwrap_err().is_deadline_exceeded());
+    let err = outcome.unwrap_err();
+    // The deadline ends the wait; on a loaded machine it may pass while an attempt still
+    // waits for Redis (the flipper keeps the server busy), which is an unknown outcome.
+    assert!(
+        err.is_deadline_exceeded() || matches!(err, lockset::Error::UnknownOutcome(_)),
+        "{err:?} after {took:?}"
+    );
     assert!(took < ms(5_000), "returned only after {took:?}");
 }
 
