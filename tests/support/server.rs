@@ -527,10 +527,24 @@ fn private_dir(port: u16) -> PathBuf {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("find a free loopback port")
+    // Never the same port twice in one run: a test's server killed on purpose must stay
+    // gone, and another test's fresh server on its port would answer the first test's
+    // reconnecting clients as if it were theirs (a Redlock obtain with three of five
+    // masters killed succeeded so, once, in CI).
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|addr| addr.port())
+            .expect("find a free loopback port");
+        let mut handed_out = HANDED_OUT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 fn ping(port: u16) -> bool {
