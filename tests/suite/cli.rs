@@ -742,7 +742,7 @@ fn cluster_locks_with_hash_tags() {
 #[test]
 fn bad_input_exits_64_with_usage_and_sends_nothing() {
     // A listener that records any connection attempt.
-    let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
+    let listener = support::server::listen();
     listener.set_nonblocking(true).expect("non-blocking");
     let url = format!("redis://{}/", listener.local_addr().expect("address"));
     let urls = [url.clone()];
@@ -813,10 +813,7 @@ fn bad_input_exits_64_with_usage_and_sends_nothing() {
 #[test]
 fn unreachable_redis_exits_69() {
     // A port nobody listens on: bound, then closed.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("free port")
-        .port();
+    let port = support::server::free_port();
     let urls = [format!("redis://127.0.0.1:{port}/")];
     for args in [
         vec!["run", "a", "--", "true"],
@@ -1704,10 +1701,7 @@ fn bad_sentinel_options_exit_64_before_anything_is_locked() {
     );
 
     // No sentinel listening: unreachable.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("free port")
-        .port();
+    let port = support::server::free_port();
     let out = finish(lockset(&[]).args([
         "--sentinel",
         &format!("redis://127.0.0.1:{port}/"),

@@ -106,11 +106,7 @@ async fn bad_sentinel_settings_are_clear_errors_before_anything_is_written() {
     // Sentinels nobody listens at: unavailable, at once.
     let nowhere: Vec<String> = (0..3)
         .map(|_| {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            let port = support::server::free_port();
             format!("redis://127.0.0.1:{port}/")
         })
         .collect();

@@ -373,7 +373,9 @@ struct Gate {
 
 impl Gate {
     async fn start(upstream: u16) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = support::server::listen();
+        listener.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
         let port = listener.local_addr().unwrap().port();
         let open = Arc::new(AtomicBool::new(true));
         let (generation, _) = tokio::sync::watch::channel(0u64);

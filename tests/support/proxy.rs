@@ -65,7 +65,9 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(upstream: u16) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let listener = super::server::listen();
+        listener.set_nonblocking(true).expect("non-blocking proxy");
+        let listener = TcpListener::from_std(listener).expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let faults = Arc::new(Faults::default());
         let (generation, _) = watch::channel(0);

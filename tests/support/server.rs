@@ -547,6 +547,17 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A loopback listener on a port [`free_port`] handed out: never a port another test's
+/// server had, whose clients may still be reconnecting to it (a listener from the kernel's
+/// `bind(0)` took such a port once in CI, and a test that asserts nothing connects saw them).
+pub fn listen() -> TcpListener {
+    loop {
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", free_port())) {
+            return listener;
+        }
+    }
+}
+
 fn ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
