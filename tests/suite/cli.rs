@@ -4,7 +4,6 @@
 use crate::support;
 
 use std::io::ErrorKind;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
