@@ -18,7 +18,7 @@ use crate::model::mode::{Mode, Modes};
 use crate::model::names::release_channel;
 use crate::model::request::{Claim, Ttl};
 use crate::model::value::Owner;
-use crate::observe::meter::{self, Holding, Meter};
+use crate::observe::meter::{self, HoldTimer, Meter};
 use crate::observe::{self, Op, finished, op_span};
 use crate::rt::signal::LostSignal;
 use crate::topology::stragglers::Stragglers;
@@ -49,7 +49,7 @@ pub struct Lock<C> {
     /// refresh was decided, kept clear of its release and TTL queries.
     stragglers: Option<Arc<Stragglers>>,
     /// The lock family its metrics go to, and since when it is held.
-    holding: Holding,
+    holding: HoldTimer,
 }
 
 /// Until when the lock is known to be valid.
@@ -166,7 +166,7 @@ where
                 signal: None,
             }),
             stragglers,
-            holding: Holding::new(obtained.meter),
+            holding: HoldTimer::new(obtained.meter),
         }
     }
 

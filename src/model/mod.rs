@@ -14,3 +14,9 @@ pub(crate) mod request;
 pub(crate) mod retry;
 pub(crate) mod validate;
 pub(crate) mod value;
+
+/// How many of `members` make a majority: more than half. The one rule for Redlock masters,
+/// sentinels and the command line's reports.
+pub(crate) const fn majority(members: usize) -> usize {
+    members / 2 + 1
+}

@@ -147,9 +147,30 @@ impl OwnedClaim {
     }
 }
 
+/// What an obtain attempt learned about the lock's current holder: the server's answer and
+/// what the waiting policy acts on, one type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    /// The holder's remaining TTL, when known (`None`: unknown or no expiry).
+    pub(crate) ttl: Option<Duration>,
+    /// Which of the requested keys is held (the first, when unknown).
+    pub(crate) key: usize,
+    /// The attempt has a place in the keys' queues (fair waiting).
+    pub(crate) queued: bool,
+}
+
+impl Held {
+    /// Held, with nothing more known than that: the first key, no TTL, not queued.
+    pub(crate) const UNKNOWN: Self = Self {
+        ttl: None,
+        key: 0,
+        queued: false,
+    };
+}
+
 /// How an obtain attempt should go about a held lock (the caller is about to wait).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Try {
+pub(crate) struct IfHeld {
     /// Mark the holder, if the lock is held, so that its release announces itself.
     pub(crate) mark_holder: bool,
     /// Learn the holder's remaining TTL, if the lock is held, also where that costs a

@@ -57,10 +57,10 @@ pub(crate) enum End {
 }
 
 #[cfg(feature = "metrics")]
-pub(crate) use on::{Holding, Meter, Waiting};
+pub(crate) use on::{HoldTimer, Meter, Waiting};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use off::{Holding, Meter, Waiting};
+pub(crate) use off::{HoldTimer, Meter, Waiting};
 
 #[cfg(feature = "metrics")]
 mod on {
@@ -261,12 +261,12 @@ mod on {
     }
 
     /// A held lock's family, and since when it is held (for `lockset_hold_seconds`).
-    pub(crate) struct Holding {
+    pub(crate) struct HoldTimer {
         meter: Meter,
         since: Instant,
     }
 
-    impl Holding {
+    impl HoldTimer {
         pub(crate) fn new(meter: Meter) -> Self {
             Self {
                 meter,
@@ -320,9 +320,9 @@ mod off {
     }
 
     /// Without the `metrics` feature: nothing.
-    pub(crate) struct Holding(Meter);
+    pub(crate) struct HoldTimer(Meter);
 
-    impl Holding {
+    impl HoldTimer {
         pub(crate) fn new(meter: Meter) -> Self {
             Self(meter)
         }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Span;
 
-use self::meter::{End, Holding, Meter, Waiting};
+use self::meter::{End, HoldTimer, Meter, Waiting};
 use crate::error::Error;
 
 /// What an obtain (or refresh) attempt ran into, before it is retried.
@@ -206,7 +206,7 @@ impl<'a> Progress<'a> {
 
 /// A lock of `keys` was found lost (for the first time): a warning saying `why`, and its
 /// metrics (the loss, and the holding's end).
-pub(crate) fn lost(keys: &[String], holding: &Holding, cause: meter::Lost) {
+pub(crate) fn lost(keys: &[String], holding: &HoldTimer, cause: meter::Lost) {
     let why = match cause {
         meter::Lost::Refresh => "a refresh found its keys gone or taken over",
         meter::Lost::Ttl => "a TTL query found its keys gone or taken over",
@@ -219,7 +219,7 @@ pub(crate) fn lost(keys: &[String], holding: &Holding, cause: meter::Lost) {
 }
 
 /// A holding ended by a release (called once, when the release starts).
-pub(crate) fn ended(holding: &Holding) {
+pub(crate) fn ended(holding: &HoldTimer) {
     holding.ended(End::Released);
 }
 

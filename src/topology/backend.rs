@@ -7,7 +7,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use crate::error::Result;
-use crate::model::request::{Claim, Try};
+use crate::model::request::{Claim, IfHeld};
 use crate::server::store::{Obtain, Store};
 use crate::topology::quorum::Quorum;
 use crate::topology::stragglers::Stragglers;
@@ -33,7 +33,7 @@ where
         &self,
         claim: &Claim<'_>,
         random: bool,
-        how: Try,
+        how: IfHeld,
     ) -> (Result<Obtain>, Option<Arc<Stragglers>>) {
         match self {
             Self::Single(store) => (store.obtain(claim, how).await, None),

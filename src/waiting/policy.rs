@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::error::classify::{is_access_refusal, is_transient};
 use crate::error::{Error, NodeFailure, QuorumOp, Result};
-use crate::model::request::Try;
+use crate::model::request::{Held, IfHeld};
 use crate::model::retry::{Retry, RetryStrategy as _};
 use crate::observe::{Blocked, OnRetry, Progress, RetryEvent, retrying};
 pub(crate) use crate::waiting::waiter::Waiter;
@@ -27,17 +27,6 @@ pub(crate) enum Step<T> {
     Again(Error),
     /// Failed for good: return this error at once.
     Stop(Error),
-}
-
-/// What an attempt learned about the current holder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Held {
-    /// The holder's remaining TTL, when known.
-    pub(crate) ttl: Option<Duration>,
-    /// Which of the requested keys is held.
-    pub(crate) key: usize,
-    /// The attempt has a place in the keys' queues (fair waiting).
-    pub(crate) queued: bool,
 }
 
 impl<T> Step<T> {
@@ -93,11 +82,7 @@ fn held_on_a_quorum(err: &Error) -> Option<Held> {
     failures
         .iter()
         .any(|(_, failure)| matches!(failure, NodeFailure::Refused))
-        .then_some(Held {
-            ttl: None,
-            key: 0,
-            queued: false,
-        })
+        .then_some(Held::UNKNOWN)
 }
 
 /// Runs `attempt` until it is done, fails for good, the strategy gives up, or the deadline
@@ -116,7 +101,7 @@ pub(crate) async fn run<T, F, Fut>(
     mut attempt: F,
 ) -> Result<T>
 where
-    F: FnMut(Try, Instant) -> Fut,
+    F: FnMut(IfHeld, Instant) -> Fut,
     Fut: Future<Output = Step<T>>,
 {
     let Limit { start, deadline } = limit;
@@ -136,7 +121,7 @@ where
         // When this attempt is sent, at the earliest.
         let sending = first.take().unwrap_or_else(Instant::now);
         waiter.attempting();
-        let how = Try {
+        let how = IfHeld {
             mark_holder: waiter.marking(),
             // Nothing but the holder's expiry can wake a waiter that cannot listen.
             holder_ttl: waiter.events.is_empty(),

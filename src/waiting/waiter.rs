@@ -35,9 +35,9 @@ use tokio::time::Instant;
 
 use crate::model::mode::{Mode, Modes};
 use crate::model::names::release_channel;
+use crate::model::request::Held;
 use crate::waiting::events::{Events, Grant, Subscription};
 use crate::waiting::fair::Fair;
-use crate::waiting::policy::Held;
 
 /// One channel a waiter listens on: the release channel of `keys[key]`, on every server.
 struct Ear {

@@ -306,7 +306,7 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
             Err(err) => down.push(err.to_string()),
         }
     }
-    let needed = clients.len() / 2 + 1;
+    let needed = lockset::QuorumConfig::majority(clients.len());
     if clients.len() - down.len() < needed {
         let message = format!(
             "cannot reach a majority of the Redis masters ({needed} of {} needed): {}",

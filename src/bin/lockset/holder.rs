@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lockset::redis::RedisResult;
 use lockset::redis::aio::ConnectionLike;
-use lockset::{Holding, KeyState, Mode, QueuedWaiter};
+use lockset::{Holding, KeyState, Mode, QueuedWaiter, QuorumConfig};
 
 use crate::duration;
 
@@ -302,7 +302,7 @@ impl Loss {
     pub(crate) fn find(keys: &[Key]) -> Option<Self> {
         let key = keys
             .iter()
-            .find(|key| key.ours_on() < key.nodes.len() / 2 + 1)?;
+            .find(|key| key.ours_on() < QuorumConfig::majority(key.nodes.len()))?;
         Some(Self {
             others: key.others(),
             kept: key.ours_on(),
@@ -325,7 +325,7 @@ impl Loss {
             "{:?} is held by this lock on only {} of {nodes} masters ({} needed)",
             self.others.name,
             self.kept,
-            nodes / 2 + 1
+            QuorumConfig::majority(nodes)
         )
     }
 }

@@ -44,7 +44,7 @@ where
     /// fair waiter's queue entry is left, by the same clean-up).
     ///
     /// `sent`: a moment before the attempt is sent, where its validity counts from.
-    pub(super) async fn run(&self, how: Try, sent: Instant) -> Step<Won> {
+    pub(super) async fn run(&self, how: IfHeld, sent: Instant) -> Step<Won> {
         // A fair obtain keeps its token while it queues (see `waiting/fair.rs`).
         let stint = self.fair.map(Fair::stint);
         if let Some(won) = self.take_handed(stint.as_ref()) {
@@ -80,7 +80,7 @@ where
             fair.start_over(stint);
         }
         drop(cleanup);
-        if let (Some(fair), Ok(Obtain::Held { queued: true, .. })) = (self.fair, &outcome) {
+        if let (Some(fair), Ok(Obtain::Held(Held { queued: true, .. }))) = (self.fair, &outcome) {
             fair.queued(&claim);
         }
         match outcome {
@@ -96,7 +96,7 @@ where
                     stragglers,
                 })
             }
-            Ok(Obtain::Held { ttl, key, queued }) => Step::Held(Held { ttl, key, queued }),
+            Ok(Obtain::Held(held)) => Step::Held(held),
             Err(Error::Redis(err)) if is_outcome_unknown(&err) => {
                 Step::from_error(Error::UnknownOutcome(err))
             }

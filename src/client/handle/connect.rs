@@ -28,7 +28,7 @@ impl Client<redis::cluster_async::ClusterConnection> {
     /// # }
     /// ```
     pub fn cluster(conn: redis::cluster_async::ClusterConnection) -> Self {
-        let store = Arc::new(Store::new_cluster(conn));
+        let store = Arc::new(Store::new(conn, Flavor::Cluster));
         Self::with_backend(Backend::Single(store), true, Tasks::default())
     }
 
@@ -176,10 +176,9 @@ impl Client<SentinelConnection> {
     /// The errors of [`Client::replicated`].
     pub async fn sentinel(conn: SentinelConnection) -> Result<Self> {
         let replication = conn.replication_settings();
-        let client = Self::new(conn.clone());
-        for store in client.backend().stores() {
-            store.follow(Arc::new(conn.clone()));
-        }
+        let store = Store::following(conn.clone(), Arc::new(conn.clone()));
+        let backend = Backend::Single(Arc::new(store));
+        let client = Self::with_backend(backend, false, Tasks::default());
         let _ = client.inner.address.set(conn.name());
         let _ = client.inner.events.set(Box::new([Events::sentinel(conn)]));
         client.ask_scripts().await;

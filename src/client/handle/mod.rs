@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::model::invalid::InvalidInput;
 use crate::model::key::IntoKey;
 use crate::model::mode::{self, Mode, Modes};
-use crate::model::request::{Claim, OwnedClaim, Try, Ttl};
+use crate::model::request::{Claim, Held, IfHeld, OwnedClaim, Ttl};
 use crate::model::retry::Retry;
 use crate::model::validate;
 use crate::model::value::Owner;
@@ -36,14 +36,14 @@ use crate::observe::{Op, Progress, finished, op_span};
 use crate::rt::signal::LostSignal;
 use crate::rt::tasks::Tasks;
 use crate::server::replication::{Replicas, Replication};
-use crate::server::store::{Obtain, Store};
+use crate::server::store::{Flavor, Obtain, Store};
 use crate::topology::backend::Backend;
 use crate::topology::quorum::{Quorum, QuorumConfig};
 use crate::topology::sentinel::{SentinelConfig, SentinelConnection};
 use crate::topology::stragglers::Stragglers;
 use crate::waiting::events::Events;
 use crate::waiting::fair::{Fair, Stint};
-use crate::waiting::policy::{self, Held, Limit, Step, Waiter, Watch};
+use crate::waiting::policy::{self, Limit, Step, Waiter, Watch};
 
 /// Obtains locks: on one Redis server ([`Client::new`], [`Client::connect`]), on a Redis
 /// Cluster (`Client::cluster`, feature `cluster`), or on a Redlock quorum of independent
@@ -89,7 +89,7 @@ where
 {
     /// Wraps a redis-rs async connection. Sends nothing; never fails.
     pub fn new(conn: C) -> Self {
-        let store = Arc::new(Store::new(conn));
+        let store = Arc::new(Store::new(conn, Flavor::Standalone));
         Self::with_backend(Backend::Single(store), false, Tasks::default())
     }
 

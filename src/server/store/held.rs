@@ -6,7 +6,7 @@ use super::*;
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// The smallest remaining TTL across the keys, if they are ours. A lock held without
     /// expiry reports `Duration::MAX`.
-    pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Holding<Duration>> {
+    pub(crate) async fn pttl(&self, claim: &Claim<'_>) -> Result<Ownership<Duration>> {
         let left: i64 = match claim.modes {
             Some(modes) => {
                 let args = mode_args("pttl", modes, claim, &[] as &[&str]);
@@ -19,10 +19,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             }
         };
         Ok(match left {
-            scripts::PTTL_NOT_HELD => Holding::Foreign,
-            scripts::PTTL_MISSING => Holding::Missing,
-            scripts::PTTL_PERSISTENT => Holding::Ours(Duration::MAX),
-            ms => Holding::Ours(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+            scripts::PTTL_NOT_HELD => Ownership::Foreign,
+            scripts::PTTL_MISSING => Ownership::Missing,
+            scripts::PTTL_PERSISTENT => Ownership::Ours(Duration::MAX),
+            ms => Ownership::Ours(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
         })
     }
 
@@ -38,7 +38,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         claim: &Claim<'_>,
         restore: bool,
         rewrite: bool,
-    ) -> Result<Holding<()>> {
+    ) -> Result<Ownership<()>> {
         // The rewrite flag goes only with a rewrite: the common path has one argument less.
         let rewrite = rewrite.then_some(1);
         let (done, acks): (i64, _) = match claim.modes {
@@ -66,7 +66,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         {
             return Err(short);
         }
-        Ok(Holding::from_reply(done, ()))
+        Ok(Ownership::from_reply(done, ()))
     }
 
     /// A single key extended by the server's own compare-and-set (see `native.rs`), when it
@@ -135,7 +135,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         &self,
         claim: &Claim<'_>,
         payload: Option<&str>,
-    ) -> Result<Holding<()>> {
+    ) -> Result<Ownership<()>> {
         // A fair waiter that gives up leaves its queues by the script. A release whose
         // payload names it may have a waiter of this client handed the lock as soon as it
         // is queued (see `Lock::release_once`): it is one command, so that the waiter's next
@@ -148,7 +148,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             && let [key] = claim.keys
             && self.delete_natively(key, claim.value).await?
         {
-            return Ok(Holding::Ours(()));
+            return Ok(Ownership::Ours(()));
         }
         self.release_sent(claim, payload, Sending::ByHash, false)
             .await
@@ -163,7 +163,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         &self,
         claim: &Claim<'_>,
         payload: Option<&str>,
-    ) -> Result<Holding<()>> {
+    ) -> Result<Ownership<()>> {
         self.release_sent(claim, payload, Sending::ByHash, false)
             .await
     }
@@ -176,15 +176,25 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         payload: Option<&str>,
         sending: Sending,
         only_leave: bool,
-    ) -> Result<Holding<()>> {
+    ) -> Result<Ownership<()>> {
         let only_leave = u8::from(only_leave);
-        let announce = if payload.is_some() { self.announce } else { "" };
+        let announce = if payload.is_some() {
+            self.flavor.announce()
+        } else {
+            ""
+        };
         let payload = payload.unwrap_or("");
         // A fair waiter that gives up leaves its queues by the same script.
         let leaving = claim.ticket.map_or("", |ticket| ticket.id.as_str());
         let done: i64 = match claim.modes {
             Some(modes) => {
-                let rest = (announce, payload, self.announce, leaving, only_leave);
+                let rest = (
+                    announce,
+                    payload,
+                    self.flavor.announce(),
+                    leaving,
+                    only_leave,
+                );
                 let args = mode_args("release", modes, claim, rest);
                 self.send(
                     &scripts::MODES_RELEASE,
@@ -200,11 +210,16 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             None => {
                 // The common case is the script's default, and then goes without the rest:
                 // five arguments cost the server more than the GET and DEL the script runs.
-                // (`announce` is PUBLISH only when `self.announce` is.)
+                // (`announce` is PUBLISH only when `self.flavor.announce()` is.)
                 let common =
                     announce == scripts::PUBLISH && payload.is_empty() && leaving.is_empty();
-                let rest =
-                    (!common).then_some((announce, payload, leaving, self.announce, only_leave));
+                let rest = (!common).then_some((
+                    announce,
+                    payload,
+                    leaving,
+                    self.flavor.announce(),
+                    only_leave,
+                ));
                 self.send(
                     &scripts::RELEASE,
                     claim.keys,
@@ -217,14 +232,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
                 .0
             }
         };
-        Ok(Holding::from_reply(done, ()))
+        Ok(Ownership::from_reply(done, ()))
     }
 
     /// Like [`Store::release`], but sends the script's source with EVAL. For clean-up after
     /// an obtain with an unknown outcome: if the server is stalled, this queues behind the
     /// obtain and must not depend on a NOSCRIPT fallback that nobody will be waiting to run.
     /// Keys that somebody waits for are announced: the waiter marked them meanwhile.
-    pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
+    pub(crate) async fn release_by_eval(&self, claim: &Claim<'_>) -> Result<Ownership<()>> {
         self.release_sent(claim, Some(""), Sending::Whole, false)
             .await
     }
@@ -232,7 +247,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// A release owed to a Redlock master that stopped answering, sent once it answers
     /// again (see `health.rs`): by hash (its sender awaits the reload after NOSCRIPT), and
     /// announced to the keys' waiters, as [`Store::release_by_eval`] is.
-    pub(crate) async fn release_owed(&self, claim: &Claim<'_>) -> Result<Holding<()>> {
+    pub(crate) async fn release_owed(&self, claim: &Claim<'_>) -> Result<Ownership<()>> {
         self.release_sent(claim, Some(""), Sending::ByHash, false)
             .await
     }

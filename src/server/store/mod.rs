@@ -22,7 +22,7 @@ use redis::{Cmd, FromRedisValue, RedisError, RedisResult, ToRedisArgs, Value};
 use crate::error::classify;
 use crate::error::{Error, Result};
 use crate::model::mode::{Mode, Modes};
-use crate::model::request::{Claim, Ticket, Try};
+use crate::model::request::{Claim, Held, IfHeld, Ticket};
 use crate::server::native::{self, Natives};
 use crate::server::replication::{Acks, Address, Promotable, Replicas, Replicated, Replication};
 use crate::server::scripts::{self, Lua};
@@ -32,19 +32,13 @@ use crate::server::scripts::{self, Lua};
 pub(crate) enum Obtain {
     /// Every key is ours; with the fencing token minted, when one was asked for.
     Obtained { fence: Option<u64> },
-    /// Another owner holds `keys[key]`; its remaining TTL when known (`None`: unknown or
-    /// no expiry).
-    Held {
-        ttl: Option<Duration>,
-        key: usize,
-        /// This (fair) attempt has a place in the keys' queues.
-        queued: bool,
-    },
+    /// Another owner holds a key.
+    Held(Held),
 }
 
 /// What an operation on a held lock found: every key ours (and the operation done), or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Holding<T> {
+pub(crate) enum Ownership<T> {
     /// Every key was ours.
     Ours(T),
     /// No key is another owner's, but some are missing (expired, or the server restarted
@@ -54,7 +48,7 @@ pub(crate) enum Holding<T> {
     Foreign,
 }
 
-impl<T> Holding<T> {
+impl<T> Ownership<T> {
     /// The result when every key was ours.
     pub(crate) fn ours(self) -> Option<T> {
         match self {
@@ -77,19 +71,43 @@ pub(crate) struct Store<C> {
     conn: C,
     /// False once the server rejected `SET .. NX GET` (Redis before 7.0).
     set_nx_get: AtomicBool,
-    /// The command `release.lua` announces releases with.
-    announce: &'static str,
+    /// A single server or a cluster.
+    flavor: Flavor,
     /// How many times a script had to be sent whole after a NOSCRIPT reply: the command then
     /// ran again behind whatever was queued after it.
     reloads: AtomicU64,
-    /// How many replicas must acknowledge a lock write (see `server/replication/`); set once.
+    /// How many replicas must acknowledge a lock write (see `server/replication/`); set once,
+    /// by [`Client::replicated`](crate::Client::replicated) after the client is made.
     replicated: OnceLock<Arc<Replicated>>,
     /// The deployment that names the primary behind the connection (Sentinel), when there
     /// is one: its epoch leads fencing tokens (see `lua/fence.lua`), its replicas count for
     /// [`Replication::all`], and it says whether a restarted primary may grant locks.
-    deployment: OnceLock<Arc<dyn Deployment>>,
+    deployment: Option<Arc<dyn Deployment>>,
     /// The compare-and-delete and compare-and-set commands the server has (see `native.rs`).
     natives: Natives,
+}
+
+/// What a store's connection reaches: one server (a primary Sentinel may name), or a Redis
+/// Cluster, which routes commands by key and whose releases are announced within the key's
+/// shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavor {
+    Standalone,
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    Cluster,
+}
+
+impl Flavor {
+    /// The command `release.lua` announces releases with: sharded pub/sub on a cluster
+    /// (SPUBLISH, PUBLISH before Redis 7), which stays within the key's shard instead of
+    /// going to every node; plain pub/sub on one server (redis-rs subscribes to sharded
+    /// channels only over cluster connections, and a single server gains nothing from them).
+    const fn announce(self) -> &'static str {
+        match self {
+            Self::Standalone => scripts::PUBLISH,
+            Self::Cluster => "SPUBLISH",
+        }
+    }
 }
 
 /// What a deployment that names the primary a connection sends to (Sentinel) tells the
@@ -112,28 +130,26 @@ pub(crate) trait Deployment: Send + Sync {
 const MAX_FENCE_EPOCH: u64 = 900;
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
-    /// A store on a Redis Cluster: releases are announced with sharded pub/sub (SPUBLISH,
-    /// PUBLISH before Redis 7), which stays within the key's shard instead of going to every
-    /// node.
-    #[cfg(feature = "cluster")]
-    pub(crate) fn new_cluster(conn: C) -> Self {
-        Self {
-            announce: "SPUBLISH",
-            ..Self::new(conn)
-        }
-    }
-
-    pub(crate) fn new(conn: C) -> Self {
+    /// A store on one server, or on a Redis Cluster, as `flavor` says.
+    pub(crate) fn new(conn: C, flavor: Flavor) -> Self {
         Self {
             conn,
+            flavor,
             set_nx_get: AtomicBool::new(true),
             reloads: AtomicU64::new(0),
             replicated: OnceLock::new(),
-            deployment: OnceLock::new(),
+            deployment: None,
             natives: Natives::new(),
-            // A standalone server: plain pub/sub. (redis-rs subscribes to sharded channels
-            // only over cluster connections, and a single server gains nothing from them.)
-            announce: scripts::PUBLISH,
+        }
+    }
+
+    /// A store on the primary `deployment` names (Sentinel): fencing tokens are led by its
+    /// epoch, replicated writes wait for the replicas it could promote, and a restarted
+    /// primary grants no lock while it says so.
+    pub(crate) fn following(conn: C, deployment: Arc<dyn Deployment>) -> Self {
+        Self {
+            deployment: Some(deployment),
+            ..Self::new(conn, Flavor::Standalone)
         }
     }
 
@@ -144,11 +160,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// usually woken because the key was just released. With `how.holder_ttl`, a single
     /// key found held by the script-free path is asked for its TTL (a second round trip,
     /// only when held).
-    pub(crate) async fn obtain(&self, claim: &Claim<'_>, how: Try) -> Result<Obtain> {
+    pub(crate) async fn obtain(&self, claim: &Claim<'_>, how: IfHeld) -> Result<Obtain> {
         // Behind a deployment the primary is found first, and must admit the lock (one that
         // restarted empty grants nothing for a while); the obtain counts only if that is
         // still the primary after the write (see below).
-        let admitted = match self.deployment.get() {
+        let admitted = match self.deployment.as_ref() {
             Some(deployment) => Some(deployment.admits(claim.ttl.duration).await?),
             None => None,
         };
@@ -208,13 +224,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         Error::ScriptsRefused
     }
 
-    /// Follows `deployment` (set once): fencing tokens are led by its epoch, replicated
-    /// writes wait for the replicas it could promote, and a restarted primary grants no lock
-    /// while it says so.
-    pub(crate) fn follow(&self, deployment: Arc<dyn Deployment>) {
-        let _ = self.deployment.set(deployment);
-    }
-
     /// The epoch fencing tokens are led by now: 0 when none is known.
     fn epoch(&self) -> u64 {
         self.primary_epoch().unwrap_or(0).min(MAX_FENCE_EPOCH)
@@ -223,7 +232,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// The configuration epoch of the primary behind the connection, when it is known.
     fn primary_epoch(&self) -> Option<u64> {
         self.deployment
-            .get()
+            .as_ref()
             .and_then(|deployment| deployment.epoch())
     }
 
@@ -248,7 +257,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     /// The deployment's current lookup of the primary, when there is a deployment.
     fn lookup(&self) -> Option<u64> {
         self.deployment
-            .get()
+            .as_ref()
             .and_then(|deployment| deployment.promotable())
             .map(|promotable| promotable.generation)
     }
@@ -261,7 +270,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         replicas: &Replicas,
     ) -> Arc<Replicated> {
         let replicated = Replicated::new(replication, replicas);
-        if let Some(promotable) = self.deployment.get().and_then(|d| d.promotable()) {
+        if let Some(promotable) = self.deployment.as_ref().and_then(|d| d.promotable()) {
             replicated.follow(promotable);
             replicated.saw(replicas);
         }
@@ -324,7 +333,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         };
         let replicated = replicated.clone();
         let (conn, cluster) = (self.conn.clone(), self.is_cluster());
-        let deployment = self.deployment.get().cloned().filter(|_| short);
+        let deployment = self.deployment.as_ref().cloned().filter(|_| short);
         let count = async move {
             let now = replicas_now(conn, cluster).await.ok();
             let confirmed = match (&deployment, &now) {
@@ -343,7 +352,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 
     /// Whether this is a Redis Cluster connection.
     fn is_cluster(&self) -> bool {
-        self.announce != scripts::PUBLISH
+        self.flavor == Flavor::Cluster
     }
 
     /// How many times a script ran only when sent again whole (NOSCRIPT), so far.

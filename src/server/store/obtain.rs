@@ -7,7 +7,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
     pub(super) async fn obtain_plain(
         &self,
         claim: &Claim<'_>,
-        how: Try,
+        how: IfHeld,
     ) -> Result<Written<Obtain>> {
         // A fair waiter goes by script: it queues, or takes what was handed or reserved to it.
         let queue = claim.ticket.filter(|_| how.queue);
@@ -18,13 +18,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             && let Some((outcome, acks)) = self.obtain_one(key, claim).await?
         {
             match outcome {
-                Obtain::Held { .. } if how.mark_holder => {}
-                Obtain::Held { .. } if how.holder_ttl => {
-                    let held = Obtain::Held {
+                Obtain::Held(_) if how.mark_holder => {}
+                Obtain::Held(_) if how.holder_ttl => {
+                    let held = Obtain::Held(Held {
                         ttl: self.key_ttl(key).await?,
-                        key: 0,
-                        queued: false,
-                    };
+                        ..Held::UNKNOWN
+                    });
                     return Ok((held, acks));
                 }
                 outcome => return Ok((outcome, acks)),
@@ -38,7 +37,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         &self,
         claim: &Claim<'_>,
         modes: &Modes,
-        how: Try,
+        how: IfHeld,
     ) -> Result<Written<Obtain>> {
         // A fair waiter queues with its keys' modes (see `lua/queue.lua`).
         let queue = claim.ticket.filter(|_| how.queue);
@@ -100,14 +99,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Ok((None, acks)) => Ok(Some((Obtain::Obtained { fence: None }, acks))),
             // Held by ourselves: re-obtain by script, which also keeps the longer TTL.
             Ok((Some(holder), _)) if claim.owner.owns(&holder) => Ok(None),
-            Ok((Some(_), acks)) => Ok(Some((
-                Obtain::Held {
-                    ttl: None,
-                    key: 0,
-                    queued: false,
-                },
-                acks,
-            ))),
+            Ok((Some(_), acks)) => Ok(Some((Obtain::Held(Held::UNKNOWN), acks))),
             Err(err) if err.code() == Some("WRONGTYPE") => Err(Error::WrongType {
                 key: key.to_owned(),
             }),
@@ -208,13 +200,13 @@ pub(super) fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
             Value::Int(index),
             queued @ ..,
         ] => {
-            Ok(Obtain::Held {
+            Ok(Obtain::Held(Held {
                 ttl: u64::try_from(*ms).ok().map(Duration::from_millis),
                 // Lua counts from 1.
                 key: usize::try_from(*index - 1).unwrap_or(0),
                 // A fourth element: the attempt queued.
                 queued: !queued.is_empty(),
-            })
+            }))
         }
         [Value::Int(scripts::WRONG_TYPE), key] => Err(Error::WrongType {
             key: redis::from_redis_value_ref(key).unwrap_or_default(),

@@ -97,7 +97,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             return Ok((cmd.query_async(&mut conn).await?, None));
         };
         self.count_replicas_later(false);
-        if let Some(promotable) = self.deployment.get().and_then(|d| d.promotable()) {
+        if let Some(promotable) = self.deployment.as_ref().and_then(|d| d.promotable()) {
             replicated.follow(promotable);
         }
         // With every replica in sync asked for, the replicas the primary has right after the

@@ -59,7 +59,7 @@ impl Counted<()> {
             .filter(|(_, v)| matches!(v, Vote::No(_)))
             .count();
         // Refused by a majority, or by so many that `needed` cannot be reached.
-        if not_ours >= (nodes / 2 + 1).min(nodes - needed + 1) {
+        if not_ours >= QuorumConfig::majority(nodes).min(nodes - needed + 1) {
             return Ok(false);
         }
         let mut failures: Vec<(usize, NodeFailure)> = votes
@@ -148,11 +148,11 @@ where
 
 impl<T> Vote<T> {
     /// A master's answer (`Err`: none came in time, or nothing was sent).
-    pub(super) fn from_answer(answer: Result<Holding<T>, NodeFailure>) -> Self {
+    pub(super) fn from_answer(answer: Result<Ownership<T>, NodeFailure>) -> Self {
         match answer {
-            Ok(Holding::Ours(value)) => Self::Yes(value),
-            Ok(Holding::Missing) => Self::No(NodeFailure::Missing),
-            Ok(Holding::Foreign) => Self::No(NodeFailure::Refused),
+            Ok(Ownership::Ours(value)) => Self::Yes(value),
+            Ok(Ownership::Missing) => Self::No(NodeFailure::Missing),
+            Ok(Ownership::Foreign) => Self::No(NodeFailure::Refused),
             Err(failure) => Self::Failed(failure),
         }
     }

@@ -48,9 +48,9 @@ use tokio::time::{Instant, timeout};
 use crate::error::{Error, NodeFailure, QuorumOp, Result};
 use crate::model::invalid::InvalidInput;
 use crate::model::mode::Mode;
-use crate::model::request::{Claim, OwnedClaim, Try};
+use crate::model::request::{Claim, Held, IfHeld, OwnedClaim};
 use crate::rt::tasks::Tasks;
-use crate::server::store::{Holding, Obtain, Store};
+use crate::server::store::{Obtain, Ownership, Store};
 use crate::topology::distinct::Identities;
 use crate::topology::health::Health;
 use crate::topology::stragglers::{Stragglers, Writing};
@@ -97,6 +97,17 @@ impl QuorumConfig {
     pub fn drift_factor(mut self, factor: f64) -> Self {
         self.drift_factor = factor;
         self
+    }
+
+    /// How many of `masters` must agree for a lock to be held: more than half.
+    ///
+    /// ```
+    /// assert_eq!(lockset::QuorumConfig::majority(5), 3);
+    /// assert_eq!(lockset::QuorumConfig::majority(4), 3);
+    /// ```
+    #[must_use]
+    pub const fn majority(masters: usize) -> usize {
+        crate::model::majority(masters)
     }
 }
 
@@ -195,7 +206,7 @@ where
 
     /// How many masters make a majority.
     fn majority(&self) -> usize {
-        self.nodes.len() / 2 + 1
+        QuorumConfig::majority(self.nodes.len())
     }
 
     /// How many masters must agree for `claim`: a majority, or more for a counted key. Each
@@ -257,7 +268,7 @@ where
         &self,
         claim: &Claim<'_>,
         random: bool,
-        how: Try,
+        how: IfHeld,
     ) -> (Result<Obtain>, Option<Arc<Stragglers>>) {
         let start = Instant::now();
         if let Err(err) = self.check_distinct() {
@@ -268,7 +279,7 @@ where
         }
         let limit = self.node_timeout(claim.ttl.duration);
         // A quorum reports no holder's TTL: asking each master would be wasted.
-        let how = Try {
+        let how = IfHeld {
             holder_ttl: false,
             ..how
         };
@@ -293,8 +304,8 @@ where
                 let vote = match obtained {
                     Ok(Obtain::Obtained { .. }) => Vote::Yes(()),
                     // Nothing was written there.
-                    Ok(Obtain::Held { key, .. }) => {
-                        blocking.store(key, Ordering::Relaxed);
+                    Ok(Obtain::Held(held)) => {
+                        blocking.store(held.key, Ordering::Relaxed);
                         Vote::No(NodeFailure::Refused)
                     }
                     Err(failure) => Vote::Failed(failure),
@@ -335,11 +346,10 @@ where
         }
         let outcome = verdict.map(|obtained| match obtained {
             true => Obtain::Obtained { fence: None },
-            false => Obtain::Held {
-                ttl: None,
+            false => Obtain::Held(Held {
                 key: blocking.load(Ordering::Relaxed),
-                queued: false,
-            },
+                ..Held::UNKNOWN
+            }),
         });
         (outcome, success.then_some(stragglers))
     }
@@ -372,7 +382,7 @@ where
                     .answer(share.store.refresh(&claim, false, rewrite))
                     .await;
                 share.note_sent(Some(&writing), &answer);
-                let missing = matches!(answer, Ok(Holding::Missing));
+                let missing = matches!(answer, Ok(Ownership::Missing));
                 let _ = share.votes.send(Vote::from_answer(answer));
                 if missing && share.verdict.wait().await == Verdict::Success {
                     let _ = share
@@ -555,7 +565,7 @@ where
     ) -> Counted<T>
     where
         F: Fn(usize, &'a Store<C>) -> Fut,
-        Fut: Future<Output = Result<Holding<T>>>,
+        Fut: Future<Output = Result<Ownership<T>>>,
     {
         let mut pending: FuturesUnordered<_> = self
             .nodes
@@ -645,7 +655,10 @@ mod tests {
                     "{limit} of {masters}: {q}"
                 );
             }
-            assert_eq!(permit_quorum(1, masters), masters / 2 + 1);
+            assert_eq!(
+                permit_quorum(1, masters),
+                super::QuorumConfig::majority(masters)
+            );
         }
         assert_eq!(permit_quorum(2, 5), 4);
         assert_eq!(permit_quorum(4, 5), 5);

@@ -117,7 +117,7 @@ impl Census {
 
     /// More than half of the configured sentinels.
     fn majority(&self) -> usize {
-        self.asked / 2 + 1
+        crate::model::majority(self.asked)
     }
 
     /// Whether the answers so far decide: a majority names one address, or a majority does
