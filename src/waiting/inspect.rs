@@ -149,25 +149,7 @@ impl fmt::Debug for Holder {
 /// `=w` when somebody waits) and its members that have not expired, each with the
 /// milliseconds left of it by the server's clock (a holder's value, or `=x`: a waiting
 /// writer). The layout is `lua/modes_args.lua`'s.
-const KEY_READER: &str = r"
-local key = KEYS[1]
-local kind = redis.call('TYPE', key)['ok']
-local pttl = redis.call('PTTL', key)
-if kind == 'string' then
-  return {kind, pttl, redis.call('GET', key)}
-elseif kind ~= 'zset' then
-  return {kind, pttl}
-end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
-local marks = redis.call('ZRANGEBYSCORE', key, '-inf', '-inf')
-local live = redis.call('ZRANGEBYSCORE', key, string.format('(%.3f', now), '+inf', 'WITHSCORES')
-local left = {}
-for j = 1, #live, 2 do
-  left[#left + 1] = live[j]
-  left[#left + 1] = math.max(0, math.ceil(tonumber(live[j + 1]) - now))
-end
-return {kind, pttl, marks, left}";
+const KEY_READER: &str = include_str!("../../lua/read_key.lua");
 
 /// Who holds each of `keys` on the server behind `conn`, in which mode and for how long,
 /// and who waits for it; in the order of `keys`.

@@ -36,17 +36,7 @@ pub struct QueuedWaiter {
 /// with its remaining lease. `queue.lua`: a sorted set scored by arrival whose members name
 /// hashes of `v` (the waiter's value), `t` (its TTL in ms), `n` (how many keys) and `1..n`
 /// (its keys), expiring with the lease.
-const QUEUE_READER: &str = r"
-local now = redis.call('TIME')
-local out = {now[1], now[2]}
-local entries = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-for i = 1, #entries, 2 do
-  local member = entries[i]
-  out[#out + 1] = entries[i + 1]
-  out[#out + 1] = redis.call('PTTL', member)
-  out[#out + 1] = redis.call('HGETALL', member)
-end
-return out";
+const QUEUE_READER: &str = include_str!("../../lua/read_queue.lua");
 
 /// The waiters in `key`'s queue on the server behind `conn`, first come first: empty when
 /// nobody waits, or the key has no queue (see [`queue_key_for`](crate::queue_key_for)).
