@@ -170,6 +170,8 @@ struct Sample {
     commands: u64,
     /// Requests clients sent during the round.
     requests: u64,
+    /// The server's CPU time during the round (user and system, all threads), in µs.
+    server_cpu_us: u64,
     /// Acquisitions per task (W2).
     per_task: Vec<u64>,
 }
@@ -183,6 +185,7 @@ impl Sample {
         self.violations += other.violations;
         self.commands += other.commands;
         self.requests += other.requests;
+        self.server_cpu_us += other.server_cpu_us;
         if self.per_task.len() < other.per_task.len() {
             self.per_task.resize(other.per_task.len(), 0);
         }
@@ -627,10 +630,25 @@ impl Contention {
 }
 
 impl Bench {
-    /// Server commands run so far (all of them but INFO), and the requests sent so far: by
-    /// the clients' connections, and on their pub/sub connections (which only send
-    /// requests: no script runs these).
-    async fn commands(&self) -> (u64, u64) {
+    /// Server commands run so far (all of them but INFO), the requests sent so far (by
+    /// the clients' connections, and on their pub/sub connections, which only send
+    /// requests: no script runs these), and the server's CPU time so far in µs (`INFO cpu`:
+    /// what the work cost it, network included; on two shared cores, the throughput).
+    async fn commands(&self) -> (u64, u64, u64) {
+        let cpu: String = redis::cmd("INFO")
+            .arg("cpu")
+            .query_async(&mut self.inspect.clone())
+            .await
+            .expect("INFO cpu");
+        let cpu_us: f64 = cpu
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                matches!(name, "used_cpu_sys" | "used_cpu_user")
+                    .then(|| value.trim().parse::<f64>().ok())?
+            })
+            .sum::<f64>()
+            * 1e6;
         let info: String = redis::cmd("INFO")
             .arg("commandstats")
             .query_async(&mut self.inspect.clone())
@@ -655,7 +673,11 @@ impl Bench {
             .map(|(_, n)| n)
             .sum();
         let commands = calls.iter().map(|(_, n)| n).sum();
-        (commands, REQUESTS.load(Ordering::Relaxed) + listening)
+        (
+            commands,
+            REQUESTS.load(Ordering::Relaxed) + listening,
+            cpu_us as u64,
+        )
     }
 
     async fn run(self: &Arc<Self>, which: Impl, workload: Workload) -> Sample {
@@ -670,6 +692,7 @@ impl Bench {
         let after = self.commands().await;
         sample.commands = after.0 - before.0;
         sample.requests = after.1 - before.1;
+        sample.server_cpu_us = after.2.saturating_sub(before.2);
         sample
     }
 
@@ -1126,6 +1149,7 @@ struct Figures {
     handoff: (u32, u32),
     commands_per_op: f64,
     requests_per_op: f64,
+    server_cpu_us_per_op: f64,
     busiest: f64,
     violations: u64,
 }
@@ -1146,11 +1170,12 @@ fn report(
             ),
             commands_per_op: sample.commands as f64 / sample.ops.max(1) as f64,
             requests_per_op: sample.requests as f64 / sample.ops.max(1) as f64,
+            server_cpu_us_per_op: sample.server_cpu_us as f64 / sample.ops.max(1) as f64,
             busiest: sample.busiest_share(),
             violations: sample.violations,
         };
         println!(
-            r#"{{"impl":"{}","workload":"{}","clients":"{}","concurrency":{},"keys":{},"hold_ms":{},"ops":{},"seconds":{:.3},"ops_per_sec":{:.1},"p50_us":{},"p99_us":{},"handoff_p50_us":{},"handoff_p99_us":{},"commands_per_op":{:.2},"requests_per_op":{:.2},"busiest_share":{:.3},"violations":{}}}"#,
+            r#"{{"impl":"{}","workload":"{}","clients":"{}","concurrency":{},"keys":{},"hold_ms":{},"ops":{},"seconds":{:.3},"ops_per_sec":{:.1},"p50_us":{},"p99_us":{},"handoff_p50_us":{},"handoff_p99_us":{},"commands_per_op":{:.2},"requests_per_op":{:.2},"server_cpu_us_per_op":{:.1},"busiest_share":{:.3},"violations":{}}}"#,
             which.name(),
             workload.name,
             workload.clients,
@@ -1166,6 +1191,7 @@ fn report(
             figures.handoff.1,
             figures.commands_per_op,
             figures.requests_per_op,
+            figures.server_cpu_us_per_op,
             figures.busiest,
             figures.violations,
         );
@@ -1174,9 +1200,9 @@ fn report(
 
     println!();
     println!(
-        "| workload | clients | C | K | hold ms | raw ops/s | lockset ops/s | lockset/raw | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs raw → lockset | server cmds/op raw → lockset | requests/op raw → lockset | busiest share raw → lockset | violations |"
+        "| workload | clients | C | K | hold ms | raw ops/s | lockset ops/s | lockset/raw | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs raw → lockset | server cmds/op raw → lockset | requests/op raw → lockset | busiest share raw → lockset | violations | server CPU µs/op raw → lockset |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for pair in summary.chunks(2) {
         let [(workload, _, raw), (_, _, lockset)] = pair else {
             continue;
@@ -1201,8 +1227,8 @@ fn report(
         };
         // W5's masters are not the one `commands()` asks, and its peer's requests are not
         // counted.
-        let (commands, requests) = if workload.name == "w5" {
-            ("-".to_string(), "-".to_string())
+        let (commands, requests, cpu) = if workload.name == "w5" {
+            ("-".to_string(), "-".to_string(), "-".to_string())
         } else {
             (
                 format!(
@@ -1213,10 +1239,14 @@ fn report(
                     "{:.2} → {:.2}",
                     raw.requests_per_op, lockset.requests_per_op
                 ),
+                format!(
+                    "{:.1} → {:.1}",
+                    raw.server_cpu_us_per_op, lockset.server_cpu_us_per_op
+                ),
             )
         };
         println!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {} | {} | {} | {} | {} |",
             workload.name,
             workload.clients,
             workload.concurrency,
@@ -1234,6 +1264,7 @@ fn report(
             requests,
             share,
             raw.violations + lockset.violations,
+            cpu,
         );
     }
     paused_against_up(&summary);
