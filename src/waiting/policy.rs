@@ -209,6 +209,7 @@ where
             && waiter.too_early()
         {
             watch.retrying(&failure, Some(held), Duration::ZERO);
+            banked = banked.saturating_add(delay);
             continue;
         }
         // Confirming a subscription takes no longer than this waiter would sleep anyway.
@@ -219,6 +220,10 @@ where
                 return Err(at_deadline(failure));
             }
             watch.retrying(&failure, Some(held), Duration::ZERO);
+            // The recheck took this delay from the strategy without sleeping it: a waiter
+            // that queues keeps the time (its delays measure time waited, not attempts),
+            // also when this was the strategy's last.
+            banked = banked.saturating_add(delay);
             continue;
         }
         // Waiting on, still for this key (or another, whose subscription took over): any

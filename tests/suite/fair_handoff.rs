@@ -489,3 +489,40 @@ fn poller(
         })
     })
 }
+
+/// A fair waiter whose first attempt went out before its release channel was live tries
+/// once more as soon as it is (a release may have come between): that recheck takes one
+/// delay of its strategy, but the time it did not sleep is still the waiter's. With a
+/// strategy of one retry after 3 s, the waiter queues in its recheck and is handed the lock
+/// released 300 ms later (before, it gave up a few ms after starting: the recheck had used
+/// the only delay, and nothing was left to wait with). The same happened under load to a
+/// strategy of 1 ms, 1 ms, then endless, when the subscription took longer than 2 ms.
+#[tokio::test]
+async fn a_recheck_that_used_the_last_delay_leaves_its_time_to_the_queued_waiter() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    let other = env.other_client().await;
+    let started = tokio::time::Instant::now();
+    let waiter = tokio::spawn(async move {
+        let options = Options::default()
+            .retry(Retry::intervals([ms(3_000)]))
+            .timeout(ms(10_000));
+        other.obtain("job", ms(60_000), &options).await
+    });
+    queued_up_to(&env, "job", 1).await;
+    tokio::time::sleep(ms(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    held.release().await.unwrap();
+    let lock = timeout(HANDED_WITHIN, waiter)
+        .await
+        .expect("handed within 2 s")
+        .expect("no panic")
+        .expect("obtained");
+    let took = started.elapsed();
+    assert!(took < ms(2_500), "obtained after {took:?}");
+    lock.release().await.unwrap();
+}
