@@ -648,10 +648,15 @@ async fn a_replicated_lock_survives_a_cluster_shard_failover() {
             .take(10)
             .collect();
         let ttl = ms(60_000);
+        // The same passing state as at connect (a shard that failed over on its own has no
+        // replica in sync for a moment): retried, as a service would.
+        let patient = Options::default()
+            .retry(Retry::linear(ms(100)))
+            .timeout(ms(30_000));
         let mut held = Vec::new();
         for (i, key) in keys.iter().enumerate() {
             let client = if i < 5 { &replicated } else { &plain };
-            held.push(client.obtain(key, ttl, &Options::default()).await.unwrap());
+            held.push(client.obtain(key, ttl, &patient).await.unwrap());
         }
         let slot = lockset::slot_number(&keys[0]);
         cluster.nodes[master].kill();
