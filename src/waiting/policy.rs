@@ -114,6 +114,11 @@ where
     let mut woken = false;
     // Time a queued waiter drew from the strategy and has not slept yet.
     let mut banked = Duration::ZERO;
+    // The delay the last attempt, a recheck sent at once, took from the strategy. A waiter
+    // that queued in it and finds the strategy used up still waits that long (its delays
+    // count time waited); one with delays left sleeps those, so that a recheck still
+    // counts as one retry.
+    let mut rechecked = Duration::ZERO;
     // The last attempt fell short of its replicas: what the caller is told when the
     // deadline cuts the next one (most likely waiting for the same replicas).
     let mut short: Option<Error> = None;
@@ -172,11 +177,13 @@ where
         };
         let now = Instant::now();
         let queued_until = queued_until(waiter.queued_lease(), now, held);
-        // A queued waiter may still have time it drew and did not sleep.
-        let Some(mut delay) = backoff
-            .next()
-            .or_else(|| (queued_until.is_some() && !banked.is_zero()).then_some(Duration::ZERO))
-        else {
+        // A queued waiter may still have time it drew and did not sleep: banked, or the
+        // delay a recheck took when that was the strategy's last.
+        let unslept = std::mem::take(&mut rechecked);
+        let Some(mut delay) = backoff.next().or_else(|| {
+            let left = !banked.is_zero() || !unslept.is_zero();
+            (queued_until.is_some() && left).then_some(unslept)
+        }) else {
             return Err(failure);
         };
         if deadline.is_some_and(|deadline| now >= deadline) {
@@ -209,7 +216,7 @@ where
             && waiter.too_early()
         {
             watch.retrying(&failure, Some(held), Duration::ZERO);
-            banked = banked.saturating_add(delay);
+            rechecked = delay;
             continue;
         }
         // Confirming a subscription takes no longer than this waiter would sleep anyway.
@@ -220,10 +227,9 @@ where
                 return Err(at_deadline(failure));
             }
             watch.retrying(&failure, Some(held), Duration::ZERO);
-            // The recheck took this delay from the strategy without sleeping it: a waiter
-            // that queues keeps the time (its delays measure time waited, not attempts),
-            // also when this was the strategy's last.
-            banked = banked.saturating_add(delay);
+            // The recheck took this delay from the strategy without sleeping it (see
+            // `rechecked`).
+            rechecked = delay;
             continue;
         }
         // Waiting on, still for this key (or another, whose subscription took over): any
