@@ -180,7 +180,9 @@ where
         // A queued waiter may still have time it drew and did not sleep: banked, or the
         // delay a recheck took when that was the strategy's last.
         let unslept = std::mem::take(&mut rechecked);
-        let Some(mut delay) = backoff.next().or_else(|| {
+        let next = backoff.next();
+        let after_last_recheck = next.is_none() && !unslept.is_zero();
+        let Some(mut delay) = next.or_else(|| {
             let left = !banked.is_zero() || !unslept.is_zero();
             (queued_until.is_some() && left).then_some(unslept)
         }) else {
@@ -198,6 +200,13 @@ where
             let drawn = draw(&mut backoff, banked.saturating_add(delay), want);
             delay = drawn.min(want);
             banked = drawn - delay;
+        }
+        // The wait a recheck owed from the strategy's last delay, and nothing after it: the
+        // waiter gives up at its end unless something woke it (a hand-off, a release, the
+        // holder's expiry), without one more attempt (the recheck was the last retry).
+        let mut give_up_at = None;
+        if after_last_recheck && banked.is_zero() {
+            give_up_at = now.checked_add(delay);
         }
         let mut wake = now.checked_add(delay);
         // Expiry publishes nothing: retry when the holder's lock runs out at the latest.
@@ -251,6 +260,9 @@ where
         watch.progress.woke(woken);
         if !woken && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             return Err(at_deadline(failure));
+        }
+        if !woken && give_up_at.is_some_and(|at| Instant::now() >= at) {
+            return Err(failure);
         }
     }
 }
