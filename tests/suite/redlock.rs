@@ -494,10 +494,12 @@ async fn permits_over_a_quorum_need_as_many_masters_as_their_limit_asks() {
 
 /// Lock cycles timed with masters down: 10 s locks give each master 500 ms per operation
 /// (5% of the TTL), and the majority that is up must decide every obtain and release in a
-/// few milliseconds, never that limit. Generous bounds for a loaded machine, far below it.
+/// few milliseconds, never that limit. Generous bounds for a loaded machine, below it: the
+/// slowest once read 259 ms (the Redlock tests alone, twelve at a time, five servers each),
+/// so it is 400 ms, still short of the 500 ms a wait for the down master would take.
 const CYCLES: usize = 9;
 const MEDIAN: Duration = Duration::from_millis(50);
-const SLOWEST: Duration = Duration::from_millis(250);
+const SLOWEST: Duration = Duration::from_millis(400);
 
 /// Waits for `m`'s background tasks (bounded), then for a probe lock on every master: each
 /// master answers it only after everything queued before it (what a paused master ran once
