@@ -204,10 +204,9 @@ where
         // The wait a recheck owed from the strategy's last delay, and nothing after it: the
         // waiter gives up at its end unless something woke it (a hand-off, a release, the
         // holder's expiry), without one more attempt (the recheck was the last retry).
-        let mut give_up_at = None;
-        if after_last_recheck && banked.is_zero() {
-            give_up_at = now.checked_add(delay);
-        }
+        let give_up_at = (after_last_recheck && banked.is_zero())
+            .then(|| now.checked_add(delay))
+            .flatten();
         let mut wake = now.checked_add(delay);
         // Expiry publishes nothing: retry when the holder's lock runs out at the latest.
         if let Some(expiry) = held

@@ -68,6 +68,33 @@ async fn limit_retry_makes_n_plus_one_attempts_then_not_obtained() {
     assert_eq!(env.attempts().await - before, 4);
 }
 
+/// A fair waiter whose one retry was the recheck after it subscribed waits out that retry's
+/// delay, then gives up without a third attempt (one version made one more at its end).
+#[tokio::test]
+async fn a_recheck_that_was_the_last_retry_is_followed_by_its_wait_not_another_attempt() {
+    let env = Env::start().await;
+    env.load_scripts().await;
+    let _held = hold(&env, SET[0]).await;
+    let options = Options::default()
+        .retry(Retry::intervals([ms(300)]))
+        .timeout(ms(10_000));
+    let before = env.attempts().await;
+    let start = Instant::now();
+    let err = env
+        .client
+        .obtain_multi(SET, ms(10_000), &options)
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(err.is_not_obtained(), "{err:?}");
+    assert_eq!(env.attempts().await - before, 2, "after {took:?}");
+    // It waited out the delay its recheck took, and no longer.
+    assert!(
+        took >= ms(290) && took < ms(5_000),
+        "gave up after {took:?}"
+    );
+}
+
 #[tokio::test]
 async fn retry_state_is_fresh_for_every_call_and_task() {
     let env = Env::start().await;
