@@ -1985,3 +1985,7 @@ fn a_user_without_scripts_gets_exit_77_and_nothing_locked() {
         assert!(!exists(&server.url(), "job"), "{args:?}");
     }
 }
+
+/// `--shared` and `--permits N`: the library's modes from the shell.
+#[path = "cli_modes.rs"]
+mod modes;

@@ -14,7 +14,8 @@ Exit status:
   1-125  run: the command's own exit status
   64     bad usage or input, --redis and --sentinel URLs included, an unknown --master
          (nothing was locked)
-  65     a key holds a value that is not a string (a list, a hash, ...)
+  65     a key holds a value that is not a string (a list, a hash, ...), or is held
+         in another mode (shared, or permits with another N) than asked for
   69     Redis unreachable, or it failed; too few replicas connected or acknowledging;
          behind Sentinel, no majority of the sentinels names a primary, or a restarted
          primary grants no lock yet (with --wait, all of these are tried again until it
@@ -401,6 +402,37 @@ pub(crate) struct ObtainArgs {
     /// Exit with this status when the lock is held by someone else after --wait.
     #[arg(long, value_name = "N", default_value_t = 75, value_parser = exit_status, allow_hyphen_values = true)]
     pub(crate) conflict_exit_code: u8,
+
+    /// How the keys are held: alone (the default), shared, or as one of N permits.
+    #[command(flatten)]
+    pub(crate) mode: ModeArgs,
+}
+
+/// How `run` and `acquire` hold their keys: alone by default, like `flock -x`.
+#[derive(Debug, Args)]
+pub(crate) struct ModeArgs {
+    /// Hold the keys shared, like flock -s: any number of shared holders at once, none while
+    /// a holder without --shared has them (and once one waits for them, no new shared
+    /// holder until it had its turn).
+    #[arg(long, conflicts_with = "permits")]
+    pub(crate) shared: bool,
+
+    /// Hold one of N permits on each key: at most N holders at once, say
+    /// `--permits 3` for "no more than 3 deploys". Every holder of a key must give the same
+    /// N; a key held alone or shared is not available.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) permits: Option<u32>,
+}
+
+impl ModeArgs {
+    /// The library's mode for these options.
+    pub(crate) fn mode(&self) -> lockset::Mode {
+        match (self.shared, self.permits) {
+            (_, Some(limit)) => lockset::Mode::Permit { limit },
+            (true, None) => lockset::Mode::Shared,
+            (false, None) => lockset::Mode::Exclusive,
+        }
+    }
 }
 
 /// Options of `refresh`.

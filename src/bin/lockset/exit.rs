@@ -68,7 +68,9 @@ impl Failure {
     pub(crate) fn from_error(err: &Error) -> Self {
         match err {
             Error::InvalidInput(invalid) => Self::Usage(invalid.to_string()),
-            Error::WrongType { .. } => Self::new(DATA, err.to_string()),
+            Error::WrongType { .. } | Error::ModeMismatch { .. } => {
+                Self::new(DATA, err.to_string())
+            }
             _ if err.is_scripts_refused() => Self::new(NOPERM, err.to_string()),
             Error::Redis(redis) => Self::new(UNAVAILABLE, format!("{err}{}", hint(redis))),
             _ => Self::new(UNAVAILABLE, err.to_string()),

@@ -152,16 +152,27 @@ impl Key {
         })
     }
 
+    /// How the lock the keys were read for holds the key, and its hold, where it holds it.
+    fn own(&self) -> Option<(Mode, &Holder)> {
+        self.nodes.iter().find_map(|node| match node {
+            Node::Held { mode, holders } => holders
+                .iter()
+                .find(|holder| holder.ours)
+                .map(|holder| (*mode, holder)),
+            _ => None,
+        })
+    }
+
     /// The metadata stored by the lock the keys were read for, when it holds the key
     /// anywhere.
     pub(crate) fn own_metadata(&self) -> Option<&str> {
-        self.nodes.iter().find_map(|node| match node {
-            Node::Held { holders, .. } => holders
-                .iter()
-                .find(|holder| holder.ours)
-                .map(|holder| holder.metadata.as_str()),
-            _ => None,
-        })
+        self.own().map(|(_, holder)| holder.metadata.as_str())
+    }
+
+    /// The mode the lock the keys were read for holds the key in (alone, shared, a permit),
+    /// when it holds the key anywhere.
+    pub(crate) fn own_mode(&self) -> Option<Mode> {
+        self.own().map(|(mode, _)| mode)
     }
 
     /// The longest time left on any server holding the key, of any holder; `None` when

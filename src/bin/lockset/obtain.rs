@@ -55,16 +55,17 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let options = options(args);
+    let mode = args.mode.mode();
     let mut waiting = if args.wait.is_zero() {
         Waiting::Silent
     } else {
         ui.waiting()
     };
-    let mut obtaining = pin!(
-        redis
-            .client
-            .obtain_multi(keys.iter().cloned(), args.ttl, &options)
-    );
+    let mut obtaining = pin!(redis.client.obtain_multi(
+        keys.iter().map(|key| (key, mode)),
+        args.ttl,
+        &options
+    ));
     let obtained = loop {
         tokio::select! {
             obtained = &mut obtaining => break obtained,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lockset::redis::RedisError;
 use lockset::redis::aio::ConnectionLike;
-use lockset::{Lock, Options};
+use lockset::{Lock, Mode, Options};
 
 use crate::cli::{AcquireArgs, RefreshArgs, ReleaseArgs};
 use crate::connect::Redis;
@@ -63,7 +63,7 @@ where
 {
     let keys = held_by(redis, &args.keys, &args.token).await?;
     let metadata = holders_metadata(&keys);
-    let lock = adopt(redis, &args.keys, &args.token, &metadata, args.ttl).await?;
+    let lock = adopt(redis, &keys, &args.token, &metadata, args.ttl).await?;
     let mut options = Options::default();
     if let Some(metadata) = &args.metadata {
         options = options.metadata(metadata);
@@ -82,7 +82,7 @@ where
 {
     let keys = held_by(redis, &args.keys, &args.token).await?;
     let metadata = holders_metadata(&keys);
-    let lock = adopt(redis, &args.keys, &args.token, &metadata, RELEASE_TTL).await?;
+    let lock = adopt(redis, &keys, &args.token, &metadata, RELEASE_TTL).await?;
     match lock.release().await {
         Ok(()) => Ok(0),
         Err(err) if err.is_not_held() => Err(not_held(&err.to_string())),
@@ -111,7 +111,7 @@ where
 /// A handle on the lock that `token` holds on `keys`.
 async fn adopt<C>(
     redis: &Redis<C>,
-    keys: &[String],
+    keys: &[Key],
     token: &str,
     metadata: &str,
     ttl: Duration,
@@ -120,7 +120,12 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let options = Options::default().token(token).metadata(metadata);
-    match redis.client.adopt(keys.iter(), ttl, &options).await {
+    // Each key in the mode the token holds it in, as `acquire` took it (alone, shared or
+    // as a permit): refresh and release need not be told.
+    let keys = keys
+        .iter()
+        .map(|key| (key.name.as_str(), key.own_mode().unwrap_or(Mode::Exclusive)));
+    match redis.client.adopt(keys, ttl, &options).await {
         Ok(lock) => Ok(lock),
         Err(err) if err.is_not_held() => Err(not_held("it expired or was taken over")),
         Err(err) => Err(Failure::from_error(&err)),
