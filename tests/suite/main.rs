@@ -13,6 +13,7 @@ mod auth;
 mod blocking;
 mod cli;
 mod cluster;
+mod connect;
 mod contention;
 mod edges;
 mod failover;

@@ -72,9 +72,13 @@ impl Client<ConnectionManager> {
     ///
     /// # Errors
     ///
-    /// [`Error::Redis`] when the server cannot be reached (after redis-rs's connection
-    /// retries, about 6 s), and at once when it refuses the login or the TLS handshake
-    /// fails (an untrusted certificate): a setting to fix, not a failure to wait out.
+    /// [`Error::Redis`], within redis-rs's connection timeout (1 s), when nobody listens on
+    /// the port ([`Error::is_unavailable`]), when the server refuses the login or the
+    /// database the URL selects, when the TLS handshake fails (an untrusted certificate), or
+    /// when a `rediss://` URL names a port that does not speak TLS (the message asks "is this
+    /// a TLS port?"): settings to fix, not failures to wait out. A server that accepts the
+    /// connection but does not answer in time is tried again by redis-rs's connection
+    /// manager, 6 times over about 9 s. Tested in `tests/suite/connect.rs`.
     pub async fn connect(url: &str) -> Result<Self> {
         #[cfg(feature = "tls")]
         let client = crate::topology::tls::Tls::new().redis_client(url)?;
@@ -113,22 +117,40 @@ impl Client<ConnectionManager> {
 }
 
 /// A connection manager for `client`. redis-rs's manager tries a first connection 6 times
-/// over about 6 s, whatever failed; beside it, one plain attempt tells at once when the server
-/// refuses the login or the certificate, which no retry would change.
+/// over about 9 s, whatever failed; one plain attempt first (within redis-rs's connection
+/// timeout, 1 s) tells at once what no retry would change: nobody listens on the port, the
+/// server refuses the login, the certificate or the database, or a `rediss://` URL names a
+/// port that does not speak TLS. Only an attempt that timed out on a plain-text port is
+/// left to the manager's retries: a server that is busy or starting may answer later.
 pub(super) async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
-    let refused = async {
-        let attempt = client.get_multiplexed_async_connection().await;
-        if let Err(err) = attempt
-            && classify::is_access_refusal(&err)
-        {
-            return err;
+    if let Err(err) = client.get_multiplexed_async_connection().await {
+        let tls = matches!(
+            client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { .. }
+        );
+        let handshake = err.is_timeout() || err.is_io_error();
+        if tls && handshake && !classify::is_access_refusal(&err) && !err.is_connection_refusal() {
+            return Err(not_tls(client, &err));
         }
-        std::future::pending().await
-    };
-    tokio::select! {
-        conn = ConnectionManager::new(client.clone()) => conn,
-        err = refused => Err(err),
+        if !err.is_timeout() {
+            return Err(err);
+        }
     }
+    ConnectionManager::new(client.clone()).await
+}
+
+/// The error for a `rediss://` connection whose TLS handshake did not complete (no answer,
+/// or an answer that is not TLS): most likely a plain-text port.
+fn not_tls(client: &redis::Client, err: &redis::RedisError) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "no TLS handshake",
+        format!(
+            "{} did not complete a TLS handshake ({err}): is this a TLS port? \
+             (a plain-text port takes a redis:// URL)",
+            client.get_connection_info().addr()
+        ),
+    ))
 }
 
 impl Client<SentinelConnection> {
