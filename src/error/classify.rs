@@ -54,6 +54,11 @@ pub(crate) fn is_access_refusal(err: &RedisError) -> bool {
         || is_tls_refusal(err)
 }
 
+/// Whether the server refused the database a URL selects (`SELECT` of an index it lacks).
+pub(crate) fn is_no_such_database(err: &RedisError) -> bool {
+    err.to_string().contains("DB index is out of range")
+}
+
 /// Whether `err` is a TLS handshake that failed: the server's certificate not trusted (an
 /// unknown CA, another host name, expired), or ours refused or missing (an alert from the
 /// server). rustls reports these inside the I/O error redis-rs keeps (in an `Arc`; the I/O

@@ -47,7 +47,8 @@ async fn rediss_to_a_plain_port_fails_at_once_naming_tls() {
     let start = Instant::now();
     let err = Client::connect(&url).await.unwrap_err();
     let took = start.elapsed();
-    eprintln!("{took:?} {err:?} {err}");
     assert!(took < Duration::from_secs(2), "{took:?}: {err}");
-    assert!(err.to_string().contains("TLS"), "{err}");
+    assert!(err.to_string().contains("is this a TLS port?"), "{err}");
+    // No answer in time, as a TLS server that hangs would give: a timeout still.
+    assert!(err.is_unavailable(), "{err:?}");
 }

@@ -13,7 +13,7 @@ use crate::exit::{self, Failure, UNAVAILABLE};
 const DEFAULT_URL: &str = "redis://127.0.0.1/";
 
 /// How often a connection is retried before `lockset` gives up with "unreachable". The
-/// library's default (6, about 6 s) is meant for long-running services; a command line
+/// library's default (6 attempts, 9 s or more) is meant for long-running services; a command line
 /// should answer quickly, and a reconnect is tried again on the next command anyway.
 const CONNECT_RETRIES: usize = 1;
 

@@ -72,13 +72,14 @@ impl Client<ConnectionManager> {
     ///
     /// # Errors
     ///
-    /// [`Error::Redis`], within redis-rs's connection timeout (1 s), when nobody listens on
-    /// the port ([`Error::is_unavailable`]), when the server refuses the login or the
-    /// database the URL selects, when the TLS handshake fails (an untrusted certificate), or
-    /// when a `rediss://` URL names a port that does not speak TLS (the message asks "is this
-    /// a TLS port?"): settings to fix, not failures to wait out. A server that accepts the
-    /// connection but does not answer in time is tried again by redis-rs's connection
-    /// manager, 6 times over about 9 s. Tested in `tests/suite/connect.rs`.
+    /// [`Error::Redis`], within redis-rs's connection timeout (1 s): when nobody listens on
+    /// the port ([`Error::is_unavailable`]: a server not started yet is not waited for);
+    /// when the server refuses the login or the database the URL selects, or the TLS
+    /// handshake fails (an untrusted certificate): settings to fix, not failures to wait
+    /// out; when a `rediss://` URL gets no TLS handshake in time (a timeout, whose text asks
+    /// "is this a TLS port?"). Other failures (a timeout on a plain-text port, a reset, a
+    /// server at its client limit) are tried again by redis-rs's connection manager: 6
+    /// attempts, 9 s or more, before [`Error::Redis`]. Tested in `tests/suite/connect.rs`.
     pub async fn connect(url: &str) -> Result<Self> {
         #[cfg(feature = "tls")]
         let client = crate::topology::tls::Tls::new().redis_client(url)?;
@@ -117,40 +118,56 @@ impl Client<ConnectionManager> {
 }
 
 /// A connection manager for `client`. redis-rs's manager tries a first connection 6 times
-/// over about 9 s, whatever failed; one plain attempt first (within redis-rs's connection
-/// timeout, 1 s) tells at once what no retry would change: nobody listens on the port, the
-/// server refuses the login, the certificate or the database, or a `rediss://` URL names a
-/// port that does not speak TLS. Only an attempt that timed out on a plain-text port is
-/// left to the manager's retries: a server that is busy or starting may answer later.
+/// (9 s or more), whatever failed; beside it, one plain attempt (within redis-rs's connection
+/// timeout, 1 s) ends the wait at once when its failure is one no retry is likely to change
+/// (see [`first_failure_is_final`]).
 pub(super) async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
-    if let Err(err) = client.get_multiplexed_async_connection().await {
-        let tls = matches!(
-            client.get_connection_info().addr(),
-            redis::ConnectionAddr::TcpTls { .. }
-        );
-        let handshake = err.is_timeout() || err.is_io_error();
-        if tls && handshake && !classify::is_access_refusal(&err) && !err.is_connection_refusal() {
-            return Err(not_tls(client, &err));
+    let final_failure = async {
+        if let Err(err) = client.get_multiplexed_async_connection().await
+            && let Some(err) = first_failure_is_final(client, err)
+        {
+            return err;
         }
-        if !err.is_timeout() {
-            return Err(err);
-        }
+        std::future::pending().await
+    };
+    tokio::select! {
+        conn = ConnectionManager::new(client.clone()) => conn,
+        err = final_failure => Err(err),
     }
-    ConnectionManager::new(client.clone()).await
 }
 
-/// The error for a `rediss://` connection whose TLS handshake did not complete (no answer,
-/// or an answer that is not TLS): most likely a plain-text port.
-fn not_tls(client: &redis::Client, err: &redis::RedisError) -> redis::RedisError {
-    redis::RedisError::from((
-        redis::ErrorKind::InvalidClientConfig,
-        "no TLS handshake",
-        format!(
-            "{} did not complete a TLS handshake ({err}): is this a TLS port? \
-             (a plain-text port takes a redis:// URL)",
-            client.get_connection_info().addr()
-        ),
-    ))
+/// The first attempt's failure, when waiting out the manager's retries would only delay the
+/// caller: nobody listens on the port (refused: [`Error::is_unavailable`] stays true), the
+/// server refuses the login, the certificate or the database the URL selects (settings to
+/// fix), or a `rediss://` handshake got no answer within the connection timeout, as from a
+/// plain-text port (a timeout still, with the question in its text). Anything else (a reset,
+/// a full server, a name that does not resolve, a timeout on a plain-text port) is left to
+/// the manager's retries.
+fn first_failure_is_final(
+    client: &redis::Client,
+    err: redis::RedisError,
+) -> Option<redis::RedisError> {
+    let tls = matches!(
+        client.get_connection_info().addr(),
+        redis::ConnectionAddr::TcpTls { .. }
+    );
+    if err.is_connection_refusal()
+        || classify::is_access_refusal(&err)
+        || classify::is_no_such_database(&err)
+    {
+        return Some(err);
+    }
+    if tls && err.is_timeout() {
+        return Some(redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "no TLS handshake with {} within the connection timeout ({err}): is this a TLS \
+                 port? (a plain-text port takes a redis:// URL)",
+                client.get_connection_info().addr()
+            ),
+        )));
+    }
+    None
 }
 
 impl Client<SentinelConnection> {
