@@ -44,6 +44,24 @@ fn shared_holders_hold_together_and_keep_an_exclusive_one_out() {
 }
 
 #[test]
+fn the_conflict_names_the_key_that_keeps_the_lock_out() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    acquire(&urls, &["--shared", "--metadata", "reader", "a"]);
+    acquire(&urls, &["--metadata", "writer", "b"]);
+    let out = finish(lockset(&urls).args(["acquire", "--shared", "a", "b"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(
+        out.stderr.contains("\"b\" is held by \"writer\""),
+        "{out:?}"
+    );
+    // An exclusive lock is kept out by the first key held at all.
+    let out = finish(lockset(&urls).args(["acquire", "a", "b"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(out.stderr.contains("\"a\" is held shared"), "{out:?}");
+}
+
+#[test]
 fn permits_let_n_holders_in_and_the_next_one_waits() {
     let server = RedisServer::start();
     let urls = [server.url()];
@@ -77,6 +95,12 @@ fn permits_let_n_holders_in_and_the_next_one_waits() {
         ])
         .spawn()
         .expect("start lockset");
+    eventually("the run queues for a permit", || {
+        let status = status_json(&urls, &["deploys"]);
+        status["keys"][0]["waiters"]
+            .as_array()
+            .is_some_and(|waiters| !waiters.is_empty())
+    });
     let out = finish(lockset(&urls).args(["release", "--token", &tokens[0], "deploys"]));
     assert_eq!(out.code, Some(0), "{out:?}");
     let out = wait(waiting, start);
@@ -112,6 +136,12 @@ fn permit_runs_never_exceed_their_number() {
         let out = wait(run, start);
         assert_eq!(out.code, Some(0), "{out:?}");
     }
+    // And two do run at once: beside a permit held, a run gets the other one at once.
+    let held = acquire(&urls, &["--permits", "2", "slots"]);
+    let out = finish(lockset(&urls).args(["run", "--permits", "2", "slots", "--", "true"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = finish(lockset(&urls).args(["release", "--token", &held, "slots"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
     let counts = scratch.read("counts").unwrap_or_default();
     let counts: Vec<u32> = counts
         .lines()
@@ -133,6 +163,9 @@ fn modes_refuse_bad_usage_before_sending() {
         &["acquire", "--shared", "--permits", "2", "k"][..],
         &["acquire", "--permits", "0", "k"],
         &["run", "--permits", "-1", "k", "--", "true"],
+        &["acquire", "--shared", "--fencing", "k"],
+        &["run", "--permits", "2", "--fencing", "k", "--", "true"],
+        &["release", "--shared", "--token", "t", "k"],
     ] {
         let url = format!("redis://127.0.0.1:{port}/");
         let out = finish(lockset(&[url]).args(args));

@@ -395,8 +395,9 @@ pub(crate) struct ObtainArgs {
 
     /// Mint a fencing token (a number that grows with every obtain) from a counter next to
     /// the first key: `run` passes it as LOCKSET_FENCING_TOKEN, `acquire` prints it on a
-    /// second line. Not available with a Redlock quorum.
-    #[arg(long)]
+    /// second line. Not available with a Redlock quorum, nor with --shared or --permits
+    /// (tokens order holders that hold a key alone).
+    #[arg(long, conflicts_with_all = ["shared", "permits"])]
     pub(crate) fencing: bool,
 
     /// Exit with this status when the lock is held by someone else after --wait.
@@ -413,13 +414,17 @@ pub(crate) struct ObtainArgs {
 pub(crate) struct ModeArgs {
     /// Hold the keys shared, like flock -s: any number of shared holders at once, none while
     /// a holder without --shared has them (and once one waits for them, no new shared
-    /// holder until it had its turn).
+    /// holder until it had its turn, or gave up: on a cluster or a Redlock quorum, until
+    /// its --ttl ran out). `refresh` and `release` find the mode by the token: they take
+    /// neither option.
     #[arg(long, conflicts_with = "permits")]
     pub(crate) shared: bool,
 
     /// Hold one of N permits on each key: at most N holders at once, say
     /// `--permits 3` for "no more than 3 deploys". Every holder of a key must give the same
-    /// N; a key held alone or shared is not available.
+    /// N: a key held shared, or as permits under another N, exits 65. On a Redlock quorum
+    /// a permit counts only where more masters agree than a majority (all of 3 for N = 2;
+    /// see the library's guide, "shared and counted locks").
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) permits: Option<u32>,
 }

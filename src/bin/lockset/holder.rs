@@ -126,6 +126,25 @@ impl Key {
         }
     }
 
+    /// Whether the key's holders keep out a lock in mode `wanted`: any holder keeps out an
+    /// exclusive lock; shared holders let shared ones in, permit holders further permits
+    /// under the same limit while some are left.
+    fn keeps_out(&self, wanted: Mode) -> bool {
+        let Some(node) = self.holder() else {
+            return false;
+        };
+        let Node::Held { mode, holders } = node else {
+            return true;
+        };
+        match (wanted, *mode) {
+            (Mode::Shared, Mode::Shared) => false,
+            (Mode::Permit { limit }, Mode::Permit { limit: held }) => {
+                limit != held || holders.len() >= usize::try_from(limit).unwrap_or(usize::MAX)
+            }
+            _ => true,
+        }
+    }
+
     /// The exclusive holder's metadata, when one lock holds the key alone.
     pub(crate) fn metadata(&self) -> Option<&str> {
         match self.holder()? {
@@ -394,18 +413,27 @@ where
     Ok(seen)
 }
 
-/// The first key of `keys` that is not free, described; `None` when all are free.
-pub(crate) async fn first_held<C>(nodes: &[C], keys: &[String]) -> RedisResult<Option<Key>>
+/// The first key of `keys` whose holders keep out a lock in mode `wanted` (as far as a read
+/// can tell), else the first key that is not free, described; `None` when all are free.
+pub(crate) async fn first_held<C>(
+    nodes: &[C],
+    keys: &[String],
+    wanted: Mode,
+) -> RedisResult<Option<Key>>
 where
     C: ConnectionLike + Clone,
 {
+    let mut held = None;
     for key in keys {
         let seen = inspect(nodes, key, None).await?;
-        if seen.state() != State::Free {
+        if seen.keeps_out(wanted) {
             return Ok(Some(seen));
         }
+        if held.is_none() && seen.state() != State::Free {
+            held = Some(seen);
+        }
     }
-    Ok(None)
+    Ok(held)
 }
 
 /// One server's view of a key, as the library read it, and its queue; the holds of

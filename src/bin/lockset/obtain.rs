@@ -6,7 +6,7 @@ use std::pin::pin;
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionLike;
-use lockset::{Jitter, Lock, Options, Retry};
+use lockset::{Jitter, Lock, Mode, Options, Retry};
 
 use crate::cli::ObtainArgs;
 use crate::connect::Redis;
@@ -69,7 +69,7 @@ where
     let obtained = loop {
         tokio::select! {
             obtained = &mut obtaining => break obtained,
-            never = show_waiting(redis, keys, &mut waiting) => match never {},
+            never = show_waiting(redis, keys, mode, &mut waiting) => match never {},
             event = signals.next() => match event {
                 Event::End(signal) => {
                     waiting.finish();
@@ -108,7 +108,7 @@ where
         true => String::new(),
         false => format!(" within {}", humantime::format_duration(args.wait)),
     };
-    let holder = match holder::first_held(&redis.nodes, keys).await {
+    let holder = match holder::first_held(&redis.nodes, keys, args.mode.mode()).await {
         Ok(Some(key)) => key.describe(),
         Ok(None) => "held by another owner (free again now)".to_owned(),
         Err(err) => format!("held by another owner ({err})"),
@@ -120,7 +120,12 @@ where
 }
 
 /// Keeps the waiting line up to date; never returns.
-async fn show_waiting<C>(redis: &Redis<C>, keys: &[String], waiting: &mut Waiting) -> Infallible
+async fn show_waiting<C>(
+    redis: &Redis<C>,
+    keys: &[String],
+    mode: Mode,
+    waiting: &mut Waiting,
+) -> Infallible
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -129,7 +134,7 @@ where
     }
     tokio::time::sleep(SHOW_AFTER).await;
     loop {
-        match holder::first_held(&redis.nodes, keys).await {
+        match holder::first_held(&redis.nodes, keys, mode).await {
             Ok(Some(key)) => {
                 let by = key
                     .holders_in_brief()
