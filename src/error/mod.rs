@@ -82,7 +82,9 @@ pub enum Error {
     /// A key is held in a mode that cannot go with the one asked for, and never will: it is
     /// shared and a permit was asked for, or the other way round, or its holders hold
     /// permits under another limit. Nothing was changed. (A key held exclusively, or in the
-    /// other of two compatible modes, is simply held: [`Error::NotObtained`].)
+    /// other of two compatible modes, is simply held: [`Error::NotObtained`].) On a Redlock
+    /// quorum, when a master answers this and the quorum is not reached
+    /// (`tests/suite/redlock.rs`, `a_mode_mismatch_on_the_masters_is_a_mode_mismatch_at_once`).
     #[error("key {key:?} is held as {held}, but was asked for as {requested}")]
     ModeMismatch {
         /// The key.
@@ -213,12 +215,39 @@ pub enum NodeFailure {
     NoRuntime,
     /// The master refuses to run lockset's scripts (see [`Error::ScriptsRefused`]).
     ScriptsRefused,
+    /// A key is held there in a mode that cannot go with the one asked for (see
+    /// [`Error::ModeMismatch`], which the operation then ends with).
+    ModeMismatch {
+        /// The key.
+        key: String,
+        /// The mode its holders hold it in there.
+        held: Mode,
+        /// The mode asked for.
+        requested: Mode,
+    },
 }
 
 impl NodeFailure {
     pub(crate) fn wrong_type_key(&self) -> Option<&str> {
         match self {
             Self::WrongType(key) => Some(key),
+            _ => None,
+        }
+    }
+
+    /// The error a mode mismatch on this master ends the operation with: as on one server,
+    /// it is not worth retrying (see [`Error::ModeMismatch`]).
+    pub(crate) fn mode_mismatch(&self) -> Option<Error> {
+        match self {
+            Self::ModeMismatch {
+                key,
+                held,
+                requested,
+            } => Some(Error::ModeMismatch {
+                key: key.clone(),
+                held: *held,
+                requested: *requested,
+            }),
             _ => None,
         }
     }
@@ -235,6 +264,15 @@ impl From<Error> for NodeFailure {
             Error::Redis(err) | Error::UnknownOutcome(err) => Self::Redis(err),
             Error::WrongType { key } => Self::WrongType(key),
             Error::ScriptsRefused => Self::ScriptsRefused,
+            Error::ModeMismatch {
+                key,
+                held,
+                requested,
+            } => Self::ModeMismatch {
+                key,
+                held,
+                requested,
+            },
             Error::NotReplicated {
                 acknowledged,
                 required,
@@ -259,6 +297,14 @@ impl std::fmt::Display for NodeFailure {
             Self::TimedOut(limit) => write!(f, "no answer within {limit:?}"),
             Self::Unresponsive => f.write_str("not answering since it missed a deadline"),
             Self::WrongType(key) => write!(f, "key {key:?} holds a non-string value"),
+            Self::ModeMismatch {
+                key,
+                held,
+                requested,
+            } => write!(
+                f,
+                "key {key:?} is held as {held}, but was asked for as {requested}"
+            ),
             Self::Redis(err) => write!(f, "{err}"),
             Self::NotReplicated {
                 acknowledged,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use lockset::redis::aio::ConnectionManager;
 use lockset::{
-    Client, Error, InvalidInput, Jitter, NodeFailure, Options, QuorumConfig, QuorumOp, Retry,
+    Client, Error, InvalidInput, Jitter, Mode, NodeFailure, Options, QuorumConfig, QuorumOp, Retry,
 };
 use support::masters::{Cycles, Masters};
 use support::{Exclusion, ms};
@@ -689,4 +689,36 @@ async fn tiny_ttls_are_not_obtained_before_anything_is_sent() {
         m.servers[i].resume();
     }
     assert_eq!(m.redlock.background_tasks(), 0);
+}
+
+/// A key the masters hold in a mode that never goes with the one asked for: the same
+/// `ModeMismatch` as on one server, at once, not a quorum failure (`is_unavailable`) tried
+/// again until the deadline.
+#[tokio::test]
+async fn a_mode_mismatch_on_the_masters_is_a_mode_mismatch_at_once() {
+    let m = Masters::start(config()).await;
+    let permits = Mode::Permit { limit: 3 };
+    let held = m
+        .redlock
+        .obtain(("jobs", permits), ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(3_000));
+    let err = m
+        .redlock
+        .obtain(("jobs", Mode::Shared), ms(10_000), &options)
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        matches!(&err, Error::ModeMismatch { key, held, requested }
+            if key == "jobs" && *held == permits && *requested == Mode::Shared),
+        "{err:?}"
+    );
+    assert!(!err.is_unavailable(), "{err:?}");
+    assert!(took < ms(1_000), "not retried to the deadline: {took:?}");
+    held.release().await.unwrap();
 }

@@ -75,6 +75,9 @@ impl Counted<()> {
                 key: key.to_owned(),
             });
         }
+        if let Some(mismatch) = failures.iter().find_map(|(_, f)| f.mode_mismatch()) {
+            return Err(mismatch);
+        }
         Err(Error::Quorum {
             op,
             succeeded: yes,
