@@ -176,3 +176,38 @@ fn modes_refuse_bad_usage_before_sending() {
         .expect("a listener that does not block");
     assert!(listener.accept().is_err(), "nothing was sent");
 }
+
+#[test]
+fn a_reader_that_lost_its_share_is_not_told_a_fellow_reader_took_it() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let other = acquire(
+        &urls,
+        &["--shared", "--ttl", "60s", "--metadata", "other", "doc"],
+    );
+    let start = Instant::now();
+    let run = lockset(&urls)
+        .args(["run", "--shared", "--ttl", "1s", "doc", "--", "sleep", "30"])
+        .spawn()
+        .expect("start lockset");
+    let members = || match command_on(&urls[0], &["ZRANGE", "doc", "0", "-1"]) {
+        redis::Value::Array(members) => members
+            .iter()
+            .filter_map(|m| redis::from_redis_value_ref::<String>(m).ok())
+            .collect::<Vec<_>>(),
+        _ => Vec::new(),
+    };
+    eventually("the run holds its share", || members().len() == 3);
+    // Its share goes (as if it expired), the other reader's and the mode's mark (`=s`) stay.
+    let ours: Vec<String> = members()
+        .into_iter()
+        .filter(|member| !member.starts_with('=') && !member.contains(&other))
+        .collect();
+    for member in &ours {
+        command_on(&urls[0], &["ZREM", "doc", member]);
+    }
+    let out = wait(run, start);
+    assert_eq!(out.code, Some(70), "{out:?}");
+    assert!(!out.stderr.contains("taken over"), "{out:?}");
+    assert!(out.stderr.contains("expired or was deleted"), "{out:?}");
+}

@@ -129,7 +129,7 @@ impl Key {
     /// Whether the key's holders keep out a lock in mode `wanted`: any holder keeps out an
     /// exclusive lock; shared holders let shared ones in, permit holders further permits
     /// under the same limit while some are left.
-    fn keeps_out(&self, wanted: Mode) -> bool {
+    pub(crate) fn keeps_out(&self, wanted: Mode) -> bool {
         let Some(node) = self.holder() else {
             return false;
         };

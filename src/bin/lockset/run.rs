@@ -11,7 +11,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionLike;
-use lockset::{Guard, LostSignal, Options};
+use lockset::{Guard, LostSignal, Mode, Options};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
@@ -113,7 +113,7 @@ where
             // Look at the keys while the command stops, before anyone else changes them.
             let ((_, killed), why) = tokio::join!(
                 command.terminate(args.kill_after),
-                explain_loss(redis, &args.keys, guard.token())
+                explain_loss(redis, &args.keys, guard.token(), args.obtain.mode.mode())
             );
             let how = match killed {
                 true => format!(
@@ -297,7 +297,7 @@ where
 }
 
 /// Why a lock was lost, as far as Redis tells within [`EXPLAIN_WITHIN`].
-async fn explain_loss<C>(redis: &Redis<C>, keys: &[String], token: &str) -> String
+async fn explain_loss<C>(redis: &Redis<C>, keys: &[String], token: &str, mode: Mode) -> String
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -314,7 +314,9 @@ where
     let Some(loss) = Loss::find(&keys) else {
         return "Redis did not confirm a refresh before the lock's validity ran out".to_owned();
     };
-    match (loss.is_taken(), redis.nodes.len()) {
+    // Fellow shared or permit holders did not take the lock: they would have let it be.
+    let taken = loss.is_taken() && loss.others.keeps_out(mode);
+    match (taken, redis.nodes.len()) {
         (true, _) => format!("taken over: {}", loss.describe()),
         (false, 1) => format!("{:?} expired or was deleted", loss.others.name),
         (false, _) => format!("lost on a majority: {}", loss.describe()),
