@@ -211,3 +211,27 @@ fn a_reader_that_lost_its_share_is_not_told_a_fellow_reader_took_it() {
     assert!(!out.stderr.contains("taken over"), "{out:?}");
     assert!(out.stderr.contains("expired or was deleted"), "{out:?}");
 }
+
+/// On a Redlock quorum (no fair queue), a writer that waited for readers and gave up leaves
+/// its mark until its TTL: new readers stay out, and `status` and the conflict line say why.
+#[test]
+fn a_writers_mark_is_shown_where_it_keeps_readers_out() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let reader = acquire(&urls, &["--shared", "--ttl", "30s", "wk"]);
+    let out =
+        finish(lockset(&urls).args(["run", "--wait", "300ms", "--ttl", "60s", "wk", "--", "true"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    let out = finish(lockset(&urls).args(["release", "--token", &reader, "wk"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    let status = status_json(&urls, &["wk"]);
+    let mark = status["keys"][0]["writer_waiting_ms"].as_u64();
+    assert!(mark.is_some_and(|ms| ms > 0 && ms <= 60_000), "{status}");
+    let out = finish(lockset(&urls).args(["acquire", "--shared", "wk"]));
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(out.stderr.contains("a writer's mark keeps"), "{out:?}");
+    // A writer is not kept out by it.
+    let out = finish(lockset(&urls).args(["run", "wk", "--", "true"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+}

@@ -308,7 +308,9 @@ pub(crate) enum LockCommand {
             \"metadata\" (an exclusive holder's), \"ttl_ms\" (the longest left; null \
             without expiry), \"held_on\", \"nodes\", \"holders\": [{\"metadata\", \
             \"ttl_ms\", \"node\"}], \"waiters\": [{\"metadata\", \"waited_ms\", \
-            \"lease_ms\" (null: gone, about to be dropped), \"keys\", \"node\"}]}]}; held_on counts the Redlock masters holding the \
+            \"lease_ms\" (null: gone, about to be dropped), \"keys\", \"node\"}], \
+            \"writer_waiting_ms\" (what is left of a writer's mark that keeps new shared and \
+            counted holders out; null: none)}]}; held_on counts the Redlock masters holding the \
             key (1 of 1 otherwise), node is the master a holder holds or a waiter queues on (0 \
             otherwise).",
         after_help = AFTER_HELP

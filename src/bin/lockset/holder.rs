@@ -56,6 +56,10 @@ pub(crate) struct Key {
     pub(crate) nodes: Vec<Node>,
     /// Per server, its queue for the key, first come first (empty where it did not answer).
     pub(crate) queues: Vec<Vec<QueuedWaiter>>,
+    /// What is left of a writer's mark on any server, the longest: an exclusive obtain
+    /// waits (or waited and gave up) for the key's shared or counted holders, and no new
+    /// one gets in meanwhile. `None` without a mark.
+    pub(crate) writer_waiting: Option<Duration>,
 }
 
 /// How a key looks overall.
@@ -130,6 +134,9 @@ impl Key {
     /// exclusive lock; shared holders let shared ones in, permit holders further permits
     /// under the same limit while some are left.
     pub(crate) fn keeps_out(&self, wanted: Mode) -> bool {
+        if wanted != Mode::Exclusive && self.writer_waiting.is_some() {
+            return true;
+        }
         let Some(node) = self.holder() else {
             return false;
         };
@@ -259,12 +266,25 @@ impl Key {
             name: self.name.clone(),
             nodes,
             queues: self.queues.clone(),
+            writer_waiting: self.writer_waiting,
         }
     }
 
     /// One phrase for people: `"orders" is held by "web-1:42" (12.3s left)`, `"doc" is held
     /// shared by 2 holders: "a" (4.1s left), "b" (9.0s left)`.
     pub(crate) fn describe(&self) -> String {
+        let held = self.describe_holders();
+        match self.writer_waiting {
+            Some(mark) => format!(
+                "{held}; a writer's mark keeps new shared and counted holders out ({} left)",
+                duration::show(mark)
+            ),
+            None => held,
+        }
+    }
+
+    /// Who holds the key, in one phrase (see [`Key::describe`]).
+    fn describe_holders(&self) -> String {
         let name = &self.name;
         let left = left(self.ttl());
         match self.holder() {
@@ -368,16 +388,20 @@ where
 {
     let mut seen = Vec::with_capacity(nodes.len());
     let mut queues = Vec::with_capacity(nodes.len());
+    let mut writer_waiting: Option<Duration> = None;
     let mut last_error = None;
     for conn in nodes {
         match lockset::inspect(&mut conn.clone(), [key]).await {
             Ok(states) => {
-                let (node, queue) = states
+                let (node, queue, mark) = states
                     .into_iter()
                     .next()
-                    .map_or((Node::Free, Vec::new()), |state| from_state(state, token));
+                    .map_or((Node::Free, Vec::new(), None), |state| {
+                        from_state(state, token)
+                    });
                 seen.push(node);
                 queues.push(queue);
+                writer_waiting = writer_waiting.max(mark);
             }
             Err(err) => {
                 seen.push(Node::Unreachable(err.to_string()));
@@ -393,6 +417,7 @@ where
             name: key.to_owned(),
             nodes: seen,
             queues,
+            writer_waiting,
         }),
     }
 }
@@ -436,9 +461,9 @@ where
     Ok(held)
 }
 
-/// One server's view of a key, as the library read it, and its queue; the holds of
-/// `token`'s lock marked as ours.
-fn from_state(state: KeyState, token: Option<&str>) -> (Node, Vec<QueuedWaiter>) {
+/// One server's view of a key, as the library read it, its queue, and what is left of a
+/// writer's mark; the holds of `token`'s lock marked as ours.
+fn from_state(state: KeyState, token: Option<&str>) -> (Node, Vec<QueuedWaiter>, Option<Duration>) {
     let holders = state
         .holders()
         .iter()
@@ -454,7 +479,7 @@ fn from_state(state: KeyState, token: Option<&str>) -> (Node, Vec<QueuedWaiter>)
         (None, Holding::WrongType { kind }) => Node::WrongType(kind.clone()),
         _ => Node::Free,
     };
-    (node, state.waiters)
+    (node, state.waiters, state.writer_waiting)
 }
 
 #[cfg(test)]
@@ -466,6 +491,7 @@ mod tests {
             name: "k".to_owned(),
             queues: vec![Vec::new(); nodes.len()],
             nodes,
+            writer_waiting: None,
         }
     }
 

@@ -148,8 +148,9 @@ fn describe(waiter: &QueuedWaiter) -> String {
 }
 
 /// `{"keys": [{"key", "state", "mode", "limit", "metadata", "ttl_ms", "held_on", "nodes",
-/// "holders", "waiters"}]}`: `metadata` is an exclusive holder's, `ttl_ms` the longest left
-/// of any holder, `holders` every holder on every server.
+/// "holders", "waiters", "writer_waiting_ms"}]}`: `metadata` is an exclusive holder's,
+/// `ttl_ms` the longest left of any holder, `holders` every holder on every server,
+/// `writer_waiting_ms` what is left of a writer's mark (null: none).
 fn as_json(seen: &[Key]) -> serde_json::Value {
     let keys: Vec<_> = seen
         .iter()
@@ -193,6 +194,7 @@ fn as_json(seen: &[Key]) -> serde_json::Value {
                 "nodes": key.nodes.len(),
                 "holders": holders,
                 "waiters": waiters,
+                "writer_waiting_ms": key.writer_waiting.map(millis),
             })
         })
         .collect();
@@ -232,6 +234,7 @@ mod tests {
             name: "k".to_owned(),
             nodes: vec![Node::Held { mode, holders }],
             queues: vec![Vec::new()],
+            writer_waiting: None,
         }
     }
 
@@ -240,7 +243,7 @@ mod tests {
         let text = as_json(&[key(Mode::Exclusive, &[("web-1:42", 1500)])]).to_string();
         assert_eq!(
             text,
-            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"web-1:42","node":0,"ttl_ms":1500}],"key":"k","limit":null,"metadata":"web-1:42","mode":"exclusive","nodes":1,"state":"held","ttl_ms":1500,"waiters":[]}]}"#
+            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"web-1:42","node":0,"ttl_ms":1500}],"key":"k","limit":null,"metadata":"web-1:42","mode":"exclusive","nodes":1,"state":"held","ttl_ms":1500,"waiters":[],"writer_waiting_ms":null}]}"#
         );
     }
 
@@ -250,7 +253,7 @@ mod tests {
         let text = text.to_string();
         assert_eq!(
             text,
-            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"a","node":0,"ttl_ms":1500},{"metadata":"b","node":0,"ttl_ms":900}],"key":"k","limit":3,"metadata":null,"mode":"permits","nodes":1,"state":"held","ttl_ms":1500,"waiters":[]}]}"#
+            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"a","node":0,"ttl_ms":1500},{"metadata":"b","node":0,"ttl_ms":900}],"key":"k","limit":3,"metadata":null,"mode":"permits","nodes":1,"state":"held","ttl_ms":1500,"waiters":[],"writer_waiting_ms":null}]}"#
         );
     }
 
