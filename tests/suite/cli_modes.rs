@@ -219,9 +219,12 @@ fn a_writers_mark_is_shown_where_it_keeps_readers_out() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let reader = acquire(&urls, &["--shared", "--ttl", "30s", "wk"]);
+    // It waits, marks the key, and gives up: held (75), or, when its last attempt is still
+    // on its way at the end of the wait on a loaded machine, an unknown outcome (69; local
+    // CI read that once with 300 ms). Either way its mark stays.
     let out =
-        finish(lockset(&urls).args(["run", "--wait", "300ms", "--ttl", "60s", "wk", "--", "true"]));
-    assert_eq!(out.code, Some(75), "{out:?}");
+        finish(lockset(&urls).args(["run", "--wait", "1s", "--ttl", "60s", "wk", "--", "true"]));
+    assert!(matches!(out.code, Some(75 | 69)), "{out:?}");
     let out = finish(lockset(&urls).args(["release", "--token", &reader, "wk"]));
     assert_eq!(out.code, Some(0), "{out:?}");
 
