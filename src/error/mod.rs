@@ -82,9 +82,12 @@ pub enum Error {
     /// A key is held in a mode that cannot go with the one asked for, and never will: it is
     /// shared and a permit was asked for, or the other way round, or its holders hold
     /// permits under another limit. Nothing was changed. (A key held exclusively, or in the
-    /// other of two compatible modes, is simply held: [`Error::NotObtained`].) On a Redlock
-    /// quorum, when a master answers this and the quorum is not reached
-    /// (`tests/suite/redlock.rs`, `a_mode_mismatch_on_the_masters_is_a_mode_mismatch_at_once`).
+    /// other of two compatible modes, is simply held: [`Error::NotObtained`].) A Redlock
+    /// obtain ends with this when the masters that hold a key in another mode are too many
+    /// for its quorum to be reached; on fewer masters, a mismatch counts as that master
+    /// refusing ([`NodeFailure::ModeMismatch`]) and the obtain retries as for any holder
+    /// (`tests/suite/redlock.rs`, `a_mode_mismatch_on_a_majority_ends_the_obtain_at_once`,
+    /// `a_mode_mismatch_on_a_minority_is_waited_out_like_a_holder`).
     #[error("key {key:?} is held as {held}, but was asked for as {requested}")]
     ModeMismatch {
         /// The key.
@@ -215,8 +218,8 @@ pub enum NodeFailure {
     NoRuntime,
     /// The master refuses to run lockset's scripts (see [`Error::ScriptsRefused`]).
     ScriptsRefused,
-    /// A key is held there in a mode that cannot go with the one asked for (see
-    /// [`Error::ModeMismatch`], which the operation then ends with).
+    /// A key is held there in a mode that cannot go with the one asked for: a refusal, and
+    /// [`Error::ModeMismatch`] when such masters alone leave too few for the quorum.
     ModeMismatch {
         /// The key.
         key: String,
@@ -252,9 +255,10 @@ impl NodeFailure {
         }
     }
 
-    /// The master answered that the lock is someone else's, or not ours.
+    /// The master answered that the lock is someone else's, or not ours (its key held there
+    /// in another mode included).
     fn is_refusal(&self) -> bool {
-        matches!(self, Self::Refused)
+        matches!(self, Self::Refused | Self::ModeMismatch { .. })
     }
 }
 

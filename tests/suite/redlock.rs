@@ -725,3 +725,73 @@ async fn a_mode_mismatch_on_the_masters_is_a_mode_mismatch_at_once() {
     );
     held.release().await.unwrap();
 }
+
+/// A mode mismatch on a minority of the masters (a leftover permit on one of five) is one
+/// master refusing, not the end: with a rival holding the key on two others, the obtain
+/// waits like any other, and gets the lock once the rival releases.
+#[tokio::test]
+async fn a_mode_mismatch_on_a_minority_is_waited_out_like_a_holder() {
+    let m = Masters::start(config()).await;
+    let leftover = m.nodes[0]
+        .obtain(("jobs", Mode::Permit { limit: 3 }), ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    let mut rival = Vec::new();
+    for i in [1, 2] {
+        rival.push(m.nodes[i].obtain("jobs", ms(10_000), &Options::default()).await.unwrap());
+    }
+    let released = tokio::spawn(async move {
+        tokio::time::sleep(ms(300)).await;
+        for lock in rival {
+            lock.release().await.unwrap();
+        }
+    });
+    let start = Instant::now();
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(3_000));
+    let shared = m
+        .redlock
+        .obtain(("jobs", Mode::Shared), ms(10_000), &options)
+        .await;
+    let took = start.elapsed();
+    released.await.unwrap();
+    let shared = shared.unwrap();
+    assert!(
+        took >= ms(250) && took < ms(1_500),
+        "obtained once the rival released: {took:?}"
+    );
+    shared.release().await.unwrap();
+    leftover.release().await.unwrap();
+}
+
+/// Permits held on three masters of five: a shared obtain is refused there, a majority, and
+/// that mismatch is final at once, as on one server.
+#[tokio::test]
+async fn a_mode_mismatch_on_a_majority_ends_the_obtain_at_once() {
+    let m = Masters::start(config()).await;
+    let permits = Mode::Permit { limit: 3 };
+    let mut held = Vec::new();
+    for i in [0, 1, 2] {
+        held.push(
+            m.nodes[i]
+                .obtain(("jobs", permits), ms(10_000), &Options::default())
+                .await
+                .unwrap(),
+        );
+    }
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(3_000));
+    let start = Instant::now();
+    let err = m
+        .redlock
+        .obtain(("jobs", Mode::Shared), ms(10_000), &options)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ModeMismatch { .. }), "{err:?}");
+    assert!(start.elapsed() < ms(1_500), "{:?}", start.elapsed());
+    for lock in held {
+        lock.release().await.unwrap();
+    }
+}

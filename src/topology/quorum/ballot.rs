@@ -54,6 +54,15 @@ impl Counted<()> {
         if yes >= needed && valid {
             return Ok(true);
         }
+        // A key held there in a mode that never goes with ours ends the obtain, as on one
+        // server, only when those masters alone leave too few for the quorum; on fewer it is
+        // a refusal like any holder's (a leftover, a rival racing), and worth waiting out.
+        let mismatched = || votes.iter().filter_map(|(_, v)| v.failure()?.mode_mismatch());
+        if mismatched().count() > nodes.saturating_sub(needed)
+            && let Some(mismatch) = mismatched().next()
+        {
+            return Err(mismatch);
+        }
         let not_ours = votes
             .iter()
             .filter(|(_, v)| matches!(v, Vote::No(_)))
@@ -74,9 +83,6 @@ impl Counted<()> {
             return Err(Error::WrongType {
                 key: key.to_owned(),
             });
-        }
-        if let Some(mismatch) = failures.iter().find_map(|(_, f)| f.mode_mismatch()) {
-            return Err(mismatch);
         }
         Err(Error::Quorum {
             op,
@@ -156,7 +162,24 @@ impl<T> Vote<T> {
             Ok(Ownership::Ours(value)) => Self::Yes(value),
             Ok(Ownership::Missing) => Self::No(NodeFailure::Missing),
             Ok(Ownership::Foreign) => Self::No(NodeFailure::Refused),
-            Err(failure) => Self::Failed(failure),
+            Err(failure) => Self::failed(failure),
+        }
+    }
+
+    /// A master's failure to answer as asked: a refusal (`No`) when the key is held there in
+    /// another mode, as nothing was written there either; else `Failed`.
+    pub(super) fn failed(failure: NodeFailure) -> Self {
+        match failure {
+            NodeFailure::ModeMismatch { .. } => Self::No(failure),
+            failure => Self::Failed(failure),
+        }
+    }
+
+    /// Why the master did not agree, if it did not.
+    fn failure(&self) -> Option<&NodeFailure> {
+        match self {
+            Self::Yes(_) => None,
+            Self::No(failure) | Self::Failed(failure) => Some(failure),
         }
     }
 

@@ -308,7 +308,7 @@ where
                         blocking.store(held.key, Ordering::Relaxed);
                         Vote::No(NodeFailure::Refused)
                     }
-                    Err(failure) => Vote::Failed(failure),
+                    Err(failure) => Vote::failed(failure),
                 };
                 // Nothing was written where the lock was refused, or nothing was sent.
                 let written =
