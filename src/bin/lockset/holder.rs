@@ -130,13 +130,18 @@ impl Key {
         }
     }
 
-    /// Whether the key's holders keep out a lock in mode `wanted`: any holder keeps out an
-    /// exclusive lock; shared holders let shared ones in, permit holders further permits
-    /// under the same limit while some are left.
+    /// Whether a new lock in mode `wanted` is kept out now: by the key's holders (see
+    /// [`Key::holders_keep_out`]), or, for a shared or counted lock, by a writer's mark.
     pub(crate) fn keeps_out(&self, wanted: Mode) -> bool {
-        if wanted != Mode::Exclusive && self.writer_waiting.is_some() {
-            return true;
-        }
+        (wanted != Mode::Exclusive && self.writer_waiting.is_some())
+            || self.holders_keep_out(wanted)
+    }
+
+    /// Whether the key's holders, whatever any writer's mark says, keep out a lock in mode
+    /// `wanted`: any holder keeps out an exclusive lock; shared holders let shared ones in,
+    /// permit holders further permits under the same limit while some are left. (A mark
+    /// takes nothing: a lost share was not taken by it.)
+    pub(crate) fn holders_keep_out(&self, wanted: Mode) -> bool {
         let Some(node) = self.holder() else {
             return false;
         };
@@ -509,6 +514,20 @@ mod tests {
             mode: Mode::Exclusive,
             holders: vec![holder("web-1:42", secs, ours)],
         }
+    }
+
+    /// A writer's mark keeps new readers out, but took no reader's share: a reader that
+    /// lost its share beside fellow readers was not taken over (`run`'s loss message).
+    #[test]
+    fn a_writers_mark_keeps_readers_out_but_its_holders_do_not() {
+        let mut readers = key(vec![Node::Held {
+            mode: Mode::Shared,
+            holders: vec![holder("a", 4, false)],
+        }]);
+        readers.writer_waiting = Some(Duration::from_secs(2));
+        assert!(readers.keeps_out(Mode::Shared));
+        assert!(!readers.holders_keep_out(Mode::Shared));
+        assert!(readers.holders_keep_out(Mode::Exclusive));
     }
 
     #[test]

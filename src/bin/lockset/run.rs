@@ -315,7 +315,7 @@ where
         return "Redis did not confirm a refresh before the lock's validity ran out".to_owned();
     };
     // Fellow shared or permit holders did not take the lock: they would have let it be.
-    let taken = loss.is_taken() && loss.others.keeps_out(mode);
+    let taken = loss.is_taken() && loss.others.holders_keep_out(mode);
     match (taken, redis.nodes.len()) {
         (true, _) => format!("taken over: {}", loss.describe()),
         (false, 1) => format!("{:?} expired or was deleted", loss.others.name),
