@@ -51,9 +51,7 @@ async fn main() -> Result<(), lockset::Error> {
 
 /// A client for `url`, trusting the CA in `LOCKSET_TLS_CA_CERT` when that is set.
 #[cfg(feature = "tls")]
-async fn connect(
-    url: &str,
-) -> Result<Client<lockset::redis::aio::ConnectionManager>, lockset::Error> {
+async fn connect(url: &str) -> Result<Client, lockset::Error> {
     match std::env::var_os("LOCKSET_TLS_CA_CERT") {
         Some(ca) => Client::connect_with_tls(url, &lockset::Tls::new().ca_file(ca)?).await,
         None => Client::connect(url).await,
@@ -62,8 +60,6 @@ async fn connect(
 
 /// A client for `url` (`rediss://` URLs need the `tls` feature).
 #[cfg(not(feature = "tls"))]
-async fn connect(
-    url: &str,
-) -> Result<Client<lockset::redis::aio::ConnectionManager>, lockset::Error> {
+async fn connect(url: &str) -> Result<Client, lockset::Error> {
     Client::connect(url).await
 }

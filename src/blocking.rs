@@ -38,7 +38,7 @@ use crate::client::options::Options;
 use crate::error::{Error, Result};
 use crate::model::key::IntoKey;
 use crate::topology::quorum::QuorumConfig;
-use crate::topology::sentinel::{SentinelConfig, SentinelConnection};
+use crate::topology::sentinel::SentinelConfig;
 
 /// How long the last handle of a client waits for its background work (releases of dropped
 /// guards, the slower masters' share of a quorum's operations) before the runtime stops.
@@ -180,7 +180,7 @@ impl Client<ConnectionManager> {
     }
 }
 
-impl Client<SentinelConnection> {
+impl Client {
     /// Connects to the primary the sentinels of `config` name, as
     /// [`crate::Client::connect_sentinel`] does.
     ///
@@ -194,7 +194,7 @@ impl Client<SentinelConnection> {
 }
 
 #[cfg(feature = "cluster")]
-impl Client<redis::cluster_async::ClusterConnection> {
+impl Client {
     /// Connects to a Redis Cluster through the seed nodes `nodes`, as
     /// [`crate::Client::connect_cluster`] does (features `blocking` and `cluster`).
     ///
@@ -392,7 +392,7 @@ where
 ///
 /// As with the async lock, dropping it does not release it (the keys expire with their
 /// TTL): call [`Lock::release`], or make it a [`Guard`].
-pub struct Lock<C>
+pub struct Lock<C = ConnectionManager>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -501,7 +501,7 @@ where
 /// A lock of a blocking [`Client`] that is released when dropped (in the background, on the
 /// client's runtime, from any thread), optionally kept alive by a watchdog: see
 /// [`crate::Guard`]. Derefs to the async [`crate::Lock`] for its keys, token and validity.
-pub struct Guard<C>
+pub struct Guard<C = ConnectionManager>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {

@@ -5,7 +5,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -32,7 +32,7 @@ use crate::observe::meter::Lost;
 ///   the lock in a background task on the current tokio runtime (best effort; its outcome is
 ///   logged with `tracing`). Outside a tokio runtime nothing can be sent: the keys then
 ///   expire with their TTL. Use [`Guard::release`] to learn whether release succeeded.
-pub struct Guard<C>
+pub struct Guard<C = ConnectionManager>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {

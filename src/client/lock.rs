@@ -6,7 +6,7 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -34,7 +34,7 @@ use crate::waiting::policy::{self, Step, Waiter, Watch};
 /// [`Lock::release`] to free them early and to learn whether they were still ours, or turn
 /// it into a [`Guard`](crate::Guard) that releases on drop and can keep the lock alive.
 /// `Debug` output never shows the token.
-pub struct Lock<C> {
+pub struct Lock<C = ConnectionManager> {
     shared: Arc<ClientState<C>>,
     keys: Vec<String>,
     /// Each key's mode, unless every key is exclusive.

@@ -4,6 +4,7 @@
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::client::link::Link;
 use crate::observe::meter::Meter;
 use crate::rt::tasks::Tasks;
 use crate::topology::backend::Backend;
@@ -11,7 +12,7 @@ use crate::waiting::events::Events;
 
 /// The state behind a [`Client`](crate::Client), shared by its clones and its locks.
 pub(crate) struct ClientState<C> {
-    pub(crate) backend: Backend<C>,
+    pub(crate) backend: Backend<Link<C>>,
     /// A Redis Cluster: all keys of a lock must share a slot.
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) cluster: bool,
@@ -29,7 +30,7 @@ pub(crate) struct ClientState<C> {
 }
 
 impl<C> ClientState<C> {
-    pub(crate) fn new(backend: Backend<C>, cluster: bool, tasks: Tasks) -> Self {
+    pub(crate) fn new(backend: Backend<Link<C>>, cluster: bool, tasks: Tasks) -> Self {
         Self {
             backend,
             cluster,
@@ -42,7 +43,7 @@ impl<C> ClientState<C> {
         }
     }
 
-    pub(crate) fn backend(&self) -> &Backend<C> {
+    pub(crate) fn backend(&self) -> &Backend<Link<C>> {
         &self.backend
     }
 

@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockset::redis::cluster::ClusterClient;
-use lockset::redis::cluster_async::ClusterConnection;
 use lockset::{Client, Error, InvalidInput, Jitter, Options, Retry, slot_number};
 use support::cluster::Cluster;
 use support::{Exclusion, ms};
 
-async fn client(cluster: &Cluster) -> Client<ClusterConnection> {
+async fn client(cluster: &Cluster) -> Client {
     let conn = ClusterClient::new(cluster.urls())
         .unwrap()
         .get_async_connection()

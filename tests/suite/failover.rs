@@ -248,10 +248,7 @@ where
 
 /// A waiter of `key` on `client`, which polls only every 10 s (a release event must wake
 /// it): when it got the lock.
-fn wait_for(
-    client: Client<lockset::SentinelConnection>,
-    key: &'static str,
-) -> tokio::task::JoinHandle<Instant> {
+fn wait_for(client: Client, key: &'static str) -> tokio::task::JoinHandle<Instant> {
     tokio::spawn(async move {
         let options = Options::default()
             .retry(Retry::linear(ms(10_000)))
@@ -265,10 +262,7 @@ fn wait_for(
 
 /// Kills the primary of `failover`, waits for the promotion, and releases `lock` as soon as
 /// its client follows the new primary; returns when the release was sent.
-async fn release_after_a_failover(
-    failover: &mut Failover,
-    lock: lockset::Lock<lockset::SentinelConnection>,
-) -> Instant {
+async fn release_after_a_failover(failover: &mut Failover, lock: lockset::Lock) -> Instant {
     let old = failover.nodes[failover.primary()].port();
     failover.kill_primary();
     failover.wait_for_promotion(old).await;

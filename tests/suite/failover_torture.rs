@@ -154,7 +154,7 @@ async fn lock_within(
     key: &str,
     ttl: Duration,
     within: Duration,
-) -> Result<lockset::Lock<SentinelConnection>, Error> {
+) -> Result<lockset::Lock, Error> {
     let deadline = Instant::now() + within;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -180,7 +180,7 @@ async fn lock_within(
 /// A long-lived client's tries at `key` every 100 ms (no waiting), each lock held for 500
 /// ms, until `stop` says so.
 async fn contend(
-    client: Client<SentinelConnection>,
+    client: Client,
     key: &'static str,
     ttl: Duration,
     sections: Sections,

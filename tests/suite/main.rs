@@ -31,6 +31,7 @@ mod long_work;
 mod modes;
 mod multi_key;
 mod native;
+mod one_client;
 mod redlock;
 mod reply_lost;
 mod restricted;

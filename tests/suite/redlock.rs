@@ -733,12 +733,21 @@ async fn a_mode_mismatch_on_the_masters_is_a_mode_mismatch_at_once() {
 async fn a_mode_mismatch_on_a_minority_is_waited_out_like_a_holder() {
     let m = Masters::start(config()).await;
     let leftover = m.nodes[0]
-        .obtain(("jobs", Mode::Permit { limit: 3 }), ms(10_000), &Options::default())
+        .obtain(
+            ("jobs", Mode::Permit { limit: 3 }),
+            ms(10_000),
+            &Options::default(),
+        )
         .await
         .unwrap();
     let mut rival = Vec::new();
     for i in [1, 2] {
-        rival.push(m.nodes[i].obtain("jobs", ms(10_000), &Options::default()).await.unwrap());
+        rival.push(
+            m.nodes[i]
+                .obtain("jobs", ms(10_000), &Options::default())
+                .await
+                .unwrap(),
+        );
     }
     let released = tokio::spawn(async move {
         tokio::time::sleep(ms(300)).await;

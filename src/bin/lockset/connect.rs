@@ -20,13 +20,13 @@ const CONNECT_RETRIES: usize = 1;
 /// A lock client, and the raw connections to look at keys with: one per Redlock master,
 /// else one.
 pub(crate) struct Redis<C> {
-    /// The library's client.
-    pub(crate) client: Client<C>,
+    /// The library's client (one type whatever the topology).
+    pub(crate) client: Client,
     /// Raw connections for reading holders on each server (see `holder`).
     pub(crate) nodes: Vec<C>,
 }
 
-/// The connected backend; each connection type needs a client type of its own.
+/// The connected backend; each kind of server needs a raw connection type of its own.
 pub(crate) enum Target {
     /// One server, or a Redlock quorum of several.
     Single(Redis<ConnectionManager>),
@@ -335,10 +335,7 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
 }
 
 /// A single-server client: `Client::connect` without its long connection retries.
-fn master(
-    conn: ConnectionManager,
-    client: redis::Client,
-) -> Result<Client<ConnectionManager>, Failure> {
+fn master(conn: ConnectionManager, client: redis::Client) -> Result<Client, Failure> {
     Client::new(conn)
         .with_release_events(client)
         .map_err(|err| Failure::from_error(&err))

@@ -50,7 +50,7 @@ pub(crate) async fn obtain<C>(
     args: &ObtainArgs,
     ui: Ui,
     signals: &mut Signals,
-) -> Result<Lock<C>, Failure>
+) -> Result<Lock, Failure>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {

@@ -115,7 +115,7 @@ async fn adopt<C>(
     token: &str,
     metadata: &str,
     ttl: Duration,
-) -> Result<Lock<C>, Failure>
+) -> Result<Lock, Failure>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {

@@ -1,10 +1,12 @@
 //! Making a client for each topology: one server (plain or TLS), a Sentinel deployment and
-//! a Redis Cluster.
+//! a Redis Cluster. Every constructor here returns a [`Client`] (the default type), so that
+//! the topology can be chosen at run time; a Redlock quorum is made of such clients
+//! ([`Client::quorum`]).
 
 use super::*;
 
 #[cfg(feature = "cluster")]
-impl Client<redis::cluster_async::ClusterConnection> {
+impl Client {
     /// A client for a Redis Cluster (feature `cluster`).
     ///
     /// See the guide: [Redis Cluster](crate::guide::cluster).
@@ -28,7 +30,7 @@ impl Client<redis::cluster_async::ClusterConnection> {
     /// # }
     /// ```
     pub fn cluster(conn: redis::cluster_async::ClusterConnection) -> Self {
-        let store = Arc::new(Store::new(conn, Flavor::Cluster));
+        let store = Arc::new(Store::new(Link::Cluster(conn), Flavor::Cluster));
         Self::with_backend(Backend::Single(store), true, Tasks::default())
     }
 
@@ -61,7 +63,7 @@ impl Client<redis::cluster_async::ClusterConnection> {
     }
 }
 
-impl Client<ConnectionManager> {
+impl Client {
     /// Connects to `url` (e.g. `redis://127.0.0.1:6379/`, or `redis://USER:PASSWORD@HOST/`)
     /// with a [`ConnectionManager`] and redis-rs's default timeouts, with release events on
     /// (see [`Client::with_release_events`]). With the `tls` feature, a `rediss://` URL
@@ -170,7 +172,7 @@ fn first_failure_is_final(
     None
 }
 
-impl Client<SentinelConnection> {
+impl Client {
     /// Connects to the primary that the sentinels of `config` name, and follows it across
     /// failovers (see [`SentinelConnection`]), with release events on (they follow the
     /// primary too) and lock writes replicated as `config` says (by default: every replica
@@ -215,7 +217,7 @@ impl Client<SentinelConnection> {
     /// The errors of [`Client::replicated`].
     pub async fn sentinel(conn: SentinelConnection) -> Result<Self> {
         let replication = conn.replication_settings();
-        let store = Store::following(conn.clone(), Arc::new(conn.clone()));
+        let store = Store::following(Link::Sentinel(conn.clone()), Arc::new(conn.clone()));
         let backend = Backend::Single(Arc::new(store));
         let client = Self::with_backend(backend, false, Tasks::default());
         let _ = client.inner.address.set(conn.name());

@@ -19,6 +19,7 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use crate::client::link::Link;
 use crate::client::lock::{Lock, Obtained};
 use crate::client::options::Options;
 use crate::client::options::default_waiter_lease;
@@ -45,17 +46,40 @@ use crate::waiting::events::Events;
 use crate::waiting::fair::{Fair, Stint};
 use crate::waiting::policy::{self, Limit, Step, Waiter, Watch};
 
-/// Obtains locks: on one Redis server ([`Client::new`], [`Client::connect`]), on a Redis
-/// Cluster (`Client::cluster`, feature `cluster`), or on a Redlock quorum of independent
-/// masters ([`Client::quorum`]), with the same operations on each.
+/// Obtains locks: on one Redis server ([`Client::connect`]), behind Sentinel
+/// ([`Client::connect_sentinel`]), on a Redlock quorum of independent masters
+/// ([`Client::quorum`]) or on a Redis Cluster (`Client::connect_cluster`, feature `cluster`),
+/// with the same operations on each.
 ///
 /// See the guide: [getting started](crate::guide::getting_started).
 ///
-/// `Client` wraps any redis-rs async connection: a
-/// [`ConnectionManager`] (recommended: it reconnects after
-/// the connection drops) or a [`MultiplexedConnection`](redis::aio::MultiplexedConnection)
-/// (which never heals once the server drops it). It is cheap to clone and can be shared by
-/// any number of tasks; clones share the connection.
+/// **One type for every topology.** Every constructor returns a `Client` (the default type
+/// parameter), so the topology can be chosen at run time, from configuration, and a
+/// service's functions take a `Client` and return a [`Lock`] or [`Guard`](crate::Guard)
+/// without naming a connection type (`tests/suite/one_client.rs`):
+///
+/// ```no_run
+/// # async fn demo(sentinel: bool) -> Result<(), lockset::Error> {
+/// use lockset::{Client, SentinelConfig};
+///
+/// let client: Client = if sentinel {
+///     Client::connect_sentinel(SentinelConfig::new(["redis://10.0.0.1:26379"], "locks")?).await?
+/// } else {
+///     Client::connect("redis://127.0.0.1/").await?
+/// };
+/// # Ok(())
+/// # }
+/// ```
+///
+/// **Your own connection.** [`Client::new`] wraps any redis-rs async connection `C`, a
+/// `Client<C>`: a [`ConnectionManager`] (it reconnects after the connection drops) or a
+/// [`MultiplexedConnection`](redis::aio::MultiplexedConnection) (which never heals once the
+/// server drops it), or a connection of your own. The type parameter only names that
+/// connection: the default, `Client<ConnectionManager>`, is what every constructor above
+/// returns, whatever it connects to.
+///
+/// A client is cheap to clone and can be shared by any number of tasks; clones share the
+/// connection.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lockset::Error> {
@@ -69,7 +93,7 @@ use crate::waiting::policy::{self, Limit, Step, Waiter, Watch};
 /// # Ok(())
 /// # }
 /// ```
-pub struct Client<C> {
+pub struct Client<C = ConnectionManager> {
     // One allocation shared by every clone and every lock: cloning a client (each lock
     // holds one) costs a single reference-count increment.
     inner: Arc<ClientState<C>>,
@@ -89,11 +113,11 @@ where
 {
     /// Wraps a redis-rs async connection. Sends nothing; never fails.
     pub fn new(conn: C) -> Self {
-        let store = Arc::new(Store::new(conn, Flavor::Standalone));
+        let store = Arc::new(Store::new(Link::Own(conn), Flavor::Standalone));
         Self::with_backend(Backend::Single(store), false, Tasks::default())
     }
 
-    fn with_backend(backend: Backend<C>, cluster: bool, tasks: Tasks) -> Self {
+    fn with_backend(backend: Backend<Link<C>>, cluster: bool, tasks: Tasks) -> Self {
         Self {
             inner: Arc::new(ClientState::new(backend, cluster, tasks)),
         }
@@ -394,7 +418,7 @@ where
         }
     }
 
-    pub(crate) fn backend(&self) -> &Backend<C> {
+    pub(crate) fn backend(&self) -> &Backend<Link<C>> {
         self.inner.backend()
     }
 

@@ -57,7 +57,11 @@ impl Counted<()> {
         // A key held there in a mode that never goes with ours ends the obtain, as on one
         // server, only when those masters alone leave too few for the quorum; on fewer it is
         // a refusal like any holder's (a leftover, a rival racing), and worth waiting out.
-        let mismatched = || votes.iter().filter_map(|(_, v)| v.failure()?.mode_mismatch());
+        let mismatched = || {
+            votes
+                .iter()
+                .filter_map(|(_, v)| v.failure()?.mode_mismatch())
+        };
         if mismatched().count() > nodes.saturating_sub(needed)
             && let Some(mismatch) = mismatched().next()
         {

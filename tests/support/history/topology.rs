@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use lockset::{Client, QuorumConfig, Replication, SentinelConfig, SentinelConnection};
+use lockset::{Client, QuorumConfig, Replication, SentinelConfig};
 use rand::rngs::SmallRng;
 use rand::{RngExt as _, SeedableRng as _};
 
@@ -166,7 +166,7 @@ pub async fn redlock(seed: u64, restart: Restart) -> Setup<ConnectionManager> {
 /// A three-master Redis Cluster; keys come in three groups with a hash tag each, one group
 /// per master at the start, and the faults pause masters and migrate the groups' slots.
 #[cfg(feature = "cluster")]
-pub async fn cluster(seed: u64) -> Setup<lockset::redis::cluster_async::ClusterConnection> {
+pub async fn cluster(seed: u64) -> Setup<lockset::redis::aio::ConnectionManager> {
     use crate::support::cluster::Cluster;
 
     let mut rng = SmallRng::seed_from_u64(seed ^ 0xC1u64);
@@ -239,7 +239,10 @@ fn tags_per_master(cluster: &crate::support::cluster::Cluster) -> Vec<String> {
 /// configuration, as `lockset run` does (with longer TTLs). Since TTLs differ from lock to
 /// lock, a primary restarted empty grants nothing until the longest has passed since its
 /// start (`SentinelConfig::restart_grace`, as the guide says such deployments need).
-pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConnection> {
+pub async fn sentinel(
+    seed: u64,
+    replication: Replication,
+) -> Setup<lockset::redis::aio::ConnectionManager> {
     let mut rng = SmallRng::seed_from_u64(seed ^ 0x5E47);
     let failover = Failover::start(2).await;
     let mut proxies = Vec::new();
@@ -247,7 +250,7 @@ pub async fn sentinel(seed: u64, replication: Replication) -> Setup<SentinelConn
         proxies.push(Arc::new(Proxy::start(sentinel.port()).await));
     }
     let mut clients = Vec::new();
-    let mut fresh: Vec<Connect<SentinelConnection>> = Vec::new();
+    let mut fresh: Vec<Connect<lockset::redis::aio::ConnectionManager>> = Vec::new();
     for _ in 0..client_count(&mut rng) {
         let sentinels: Vec<String> = failover
             .sentinels
