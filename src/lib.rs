@@ -112,6 +112,7 @@ mod server;
 mod topology;
 mod waiting;
 
+pub use client::config::{Config, LockSettings, SentinelSettings, TlsFiles};
 pub use client::guard::Guard;
 pub use client::handle::Client;
 pub use client::lock::Lock;

@@ -7,6 +7,7 @@
 //! May import every layer below: `waiting`, `topology`, `server`, `observe`, `error`,
 //! `model`, `rt`. Nothing below imports from here (`tests/layers.rs` checks).
 
+pub(crate) mod config;
 pub(crate) mod guard;
 pub(crate) mod handle;
 pub(crate) mod link;

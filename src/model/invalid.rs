@@ -11,6 +11,13 @@ pub enum InvalidInput {
     /// The key set is empty.
     #[error("invalid input: the key set is empty")]
     NoKeys,
+    /// A [`Config`](crate::Config) that cannot make a client: no topology or more than one,
+    /// TLS files without the `tls` feature, a cluster without the `cluster` feature.
+    #[error("invalid configuration: {reason}")]
+    Config {
+        /// What is wrong, naming the setting.
+        reason: String,
+    },
     /// A key is the empty string.
     #[error("invalid input: key #{index} is empty")]
     EmptyKey {

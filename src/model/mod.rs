@@ -12,6 +12,7 @@ pub(crate) mod mode;
 pub(crate) mod names;
 pub(crate) mod request;
 pub(crate) mod retry;
+pub(crate) mod retry_flat;
 pub(crate) mod validate;
 pub(crate) mod value;
 

@@ -151,6 +151,43 @@ pub enum Retry {
     Custom(Arc<dyn RetryStrategy>),
 }
 
+/// Two strategies are equal when they are built alike; custom ones only when they are the
+/// same strategy (one `Arc`, as clones of one [`Retry::custom`] are).
+impl PartialEq for Retry {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::NoRetry, Self::NoRetry) => true,
+            (Self::Linear { interval: a }, Self::Linear { interval: b }) => a == b,
+            (Self::Exponential { min: a, max: x }, Self::Exponential { min: b, max: y }) => {
+                a == b && x == y
+            }
+            (Self::Intervals { intervals: a }, Self::Intervals { intervals: b }) => a == b,
+            (
+                Self::Limit {
+                    retries: a,
+                    strategy: x,
+                },
+                Self::Limit {
+                    retries: b,
+                    strategy: y,
+                },
+            ) => a == b && x == y,
+            (
+                Self::Jitter {
+                    jitter: a,
+                    strategy: x,
+                },
+                Self::Jitter {
+                    jitter: b,
+                    strategy: y,
+                },
+            ) => a == b && x == y,
+            (Self::Custom(a), Self::Custom(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
 impl Retry {
     /// Retry every `interval` until the deadline.
     pub fn linear(interval: Duration) -> Self {

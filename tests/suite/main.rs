@@ -13,6 +13,7 @@ mod auth;
 mod blocking;
 mod cli;
 mod cluster;
+mod config;
 mod connect;
 mod contention;
 mod edges;

@@ -14,7 +14,7 @@ use crate::support::sentinel::Failover;
 /// Where the locks live, as a service's configuration says it.
 enum Topology {
     Single(String),
-    Sentinel(SentinelConfig),
+    Sentinel(Box<SentinelConfig>),
     Redlock(Vec<String>),
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
@@ -24,7 +24,7 @@ enum Topology {
 async fn client_for(topology: Topology) -> lockset::Result<Client> {
     Ok(match topology {
         Topology::Single(url) => Client::connect(&url).await?,
-        Topology::Sentinel(config) => Client::connect_sentinel(config).await?,
+        Topology::Sentinel(config) => Client::connect_sentinel(*config).await?,
         Topology::Redlock(urls) => {
             let mut masters = Vec::new();
             for url in urls {
@@ -72,7 +72,10 @@ async fn one_server() {
 #[tokio::test]
 async fn a_sentinel_deployment() {
     let failover = Failover::start(1).await;
-    exercise(Topology::Sentinel(failover.config(Replication::all()))).await;
+    exercise(Topology::Sentinel(Box::new(
+        failover.config(Replication::all()),
+    )))
+    .await;
 }
 
 #[tokio::test]

@@ -54,9 +54,17 @@ impl Client {
             .into_iter()
             .map(redis::IntoConnectionInfo::into_connection_info)
             .collect::<redis::RedisResult<Vec<_>>>()?;
-        let conn = redis::cluster::ClusterClient::new(nodes.clone())?
-            .get_async_connection()
-            .await?;
+        Self::connect_cluster_with(redis::cluster::ClusterClient::builder(nodes.clone()), nodes)
+            .await
+    }
+
+    /// As [`Client::connect_cluster`], with the settings of `builder` (timeouts, retries,
+    /// certificates) for the seed nodes `nodes`.
+    pub(crate) async fn connect_cluster_with(
+        builder: redis::cluster::ClusterClientBuilder,
+        nodes: Vec<redis::ConnectionInfo>,
+    ) -> Result<Self> {
+        let conn = builder.build()?.get_async_connection().await?;
         let client = Self::cluster(conn);
         let _ = client.inner.events.set(Box::new([Events::cluster(nodes)]));
         Ok(client)
@@ -87,7 +95,7 @@ impl Client {
         let client = crate::topology::tls::Tls::new().redis_client(url)?;
         #[cfg(not(feature = "tls"))]
         let client = redis::Client::open(url)?;
-        Self::connect_client(client).await
+        Self::connect_client(client, Dial::default()).await
     }
 
     /// Connects to `url` as [`Client::connect`] does, over TLS with the certificate
@@ -108,24 +116,65 @@ impl Client {
     /// once.
     #[cfg(feature = "tls")]
     pub async fn connect_with_tls(url: &str, tls: &crate::topology::tls::Tls) -> Result<Self> {
-        Self::connect_client(tls.redis_client(url)?).await
+        Self::connect_client(tls.redis_client(url)?, Dial::default()).await
     }
 
-    pub(super) async fn connect_client(client: redis::Client) -> Result<Self> {
-        let conn = manager(&client).await?;
+    pub(crate) async fn connect_client(client: redis::Client, dial: Dial) -> Result<Self> {
+        let conn = manager(&client, dial).await?;
         let connected = Self::new(conn).with_release_events(client)?;
         connected.ask_scripts().await;
         Ok(connected)
     }
 }
 
+/// How a client connects: redis-rs's defaults, or a [`Config`](crate::Config)'s timeouts and
+/// retries.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Dial {
+    /// How long one connection attempt may take (redis-rs's default: 1 s).
+    pub(crate) connect_timeout: Option<Duration>,
+    /// How long a reply may take (redis-rs's default: none).
+    pub(crate) response_timeout: Option<Duration>,
+    /// How often the first connection is tried again (redis-rs's default: 6).
+    pub(crate) retries: Option<usize>,
+}
+
+impl Dial {
+    fn manager_config(self) -> redis::aio::ConnectionManagerConfig {
+        let mut config = redis::aio::ConnectionManagerConfig::new();
+        if let Some(timeout) = self.connect_timeout {
+            config = config.set_connection_timeout(Some(timeout));
+        }
+        if let Some(timeout) = self.response_timeout {
+            config = config.set_response_timeout(Some(timeout));
+        }
+        if let Some(retries) = self.retries {
+            config = config.set_number_of_retries(retries);
+        }
+        config
+    }
+
+    fn plain_config(self) -> redis::AsyncConnectionConfig {
+        let config = redis::AsyncConnectionConfig::new();
+        match self.connect_timeout {
+            Some(timeout) => config.set_connection_timeout(Some(timeout)),
+            None => config,
+        }
+    }
+}
+
 /// A connection manager for `client`. redis-rs's manager tries a first connection 6 times
-/// (9 s or more), whatever failed; beside it, one plain attempt (within redis-rs's connection
-/// timeout, 1 s) ends the wait at once when its failure is one no retry is likely to change
-/// (see [`first_failure_is_final`]).
-pub(super) async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
+/// (9 s or more) by default, whatever failed; beside it, one plain attempt (within the
+/// connection timeout, 1 s by default) ends the wait at once when its failure is one no
+/// retry is likely to change (see [`first_failure_is_final`]).
+pub(super) async fn manager(
+    client: &redis::Client,
+    dial: Dial,
+) -> redis::RedisResult<ConnectionManager> {
     let final_failure = async {
-        if let Err(err) = client.get_multiplexed_async_connection().await
+        if let Err(err) = client
+            .get_multiplexed_async_connection_with_config(&dial.plain_config())
+            .await
             && let Some(err) = first_failure_is_final(client, err)
         {
             return err;
@@ -133,7 +182,7 @@ pub(super) async fn manager(client: &redis::Client) -> redis::RedisResult<Connec
         std::future::pending().await
     };
     tokio::select! {
-        conn = ConnectionManager::new(client.clone()) => conn,
+        conn = ConnectionManager::new_with_config(client.clone(), dial.manager_config()) => conn,
         err = final_failure => Err(err),
     }
 }

@@ -3,6 +3,8 @@
 mod attempt;
 mod cleanup;
 mod connect;
+
+pub(crate) use connect::Dial;
 mod obtain;
 
 use attempt::{Attempt, Won};

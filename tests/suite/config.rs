@@ -1,0 +1,262 @@
+//! `Config`: a client's settings from a configuration file: round trips through TOML and
+//! JSON with every field set, the flat retry form, typed errors before anything is sent,
+//! and a client made from it on each topology.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use lockset::{
+    Config, Error, InvalidInput, Jitter, LockSettings, Options, Retry, SentinelSettings, TlsFiles,
+    parse_value,
+};
+
+use crate::support::RedisServer;
+use crate::support::ms;
+use crate::support::sentinel::Failover;
+
+/// What `server` stores at `key`.
+async fn get(server: &RedisServer, key: &str) -> Option<String> {
+    let mut conn = crate::support::connect(server).await;
+    lockset::redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// A configuration with every field set (one of each kind: it cannot connect, it only
+/// round-trips).
+fn every_field() -> Config {
+    Config {
+        url: Some("redis://127.0.0.1:6379/".to_owned()),
+        redlock: vec![
+            "redis://10.0.0.1/".to_owned(),
+            "redis://10.0.0.2/".to_owned(),
+        ],
+        cluster: vec!["redis://10.0.1.1:7000/".to_owned()],
+        connect_timeout: Some(ms(750)),
+        response_timeout: Some(ms(400)),
+        connect_retries: Some(2),
+        release_events: false,
+        replicas: Some(1),
+        replication_timeout: Some(ms(300)),
+        node_timeout: Some(ms(200)),
+        drift_factor: Some(0.02),
+        sentinel: Some(SentinelSettings {
+            urls: vec!["redis://10.0.2.1:26379/".to_owned()],
+            master: "locks".to_owned(),
+            username: Some("locker".to_owned()),
+            password: Some("secret".to_owned()),
+            db: 2,
+        }),
+        tls: Some(TlsFiles {
+            ca_file: Some(PathBuf::from("/etc/redis/ca.pem")),
+            cert_file: Some(PathBuf::from("/etc/redis/client.pem")),
+            key_file: Some(PathBuf::from("/etc/redis/client.key")),
+        }),
+        lock: LockSettings {
+            ttl: Duration::from_secs(30),
+            retry: Retry::exponential(ms(10), ms(1_000))
+                .jitter(Jitter::Full)
+                .limit(5),
+            timeout: Some(Duration::from_secs(5)),
+            fair: false,
+            metadata: Some("billing-worker".to_owned()),
+            waiter_lease: Some(Duration::from_secs(4)),
+            watchdog_interval: Some(Duration::from_secs(3)),
+        },
+    }
+}
+
+#[test]
+fn every_field_round_trips_through_toml_and_json() {
+    let config = every_field();
+    let text = toml::to_string(&config).unwrap();
+    assert_eq!(toml::from_str::<Config>(&text).unwrap(), config, "{text}");
+    let json = serde_json::to_string(&config).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Config>(&json).unwrap(),
+        config,
+        "{json}"
+    );
+    // The defaults too, and an empty file is the defaults.
+    let text = toml::to_string(&Config::default()).unwrap();
+    assert_eq!(toml::from_str::<Config>(&text).unwrap(), Config::default());
+    assert_eq!(toml::from_str::<Config>("").unwrap(), Config::default());
+}
+
+#[test]
+fn the_retry_is_written_flat() {
+    let text = r#"
+        url = "redis://127.0.0.1/"
+        [lock]
+        ttl = "30s"
+        retry = { backoff = "exponential", min = "10ms", max = "1s", jitter = "full", retries = 5 }
+    "#;
+    let config: Config = toml::from_str(text).unwrap();
+    assert_eq!(
+        config.lock.retry,
+        Retry::exponential(ms(10), ms(1_000))
+            .jitter(Jitter::Full)
+            .limit(5)
+    );
+    // Written back as one table, not nested strategies.
+    let written = toml::to_string(&config).unwrap();
+    assert!(
+        written.contains("[lock.retry]\nbackoff = \"exponential\"\nmin = \"10ms\"\nmax = \"1s\"\njitter = \"full\"\nretries = 5\n"),
+        "{written}"
+    );
+    for (retry, expected) in [
+        (r#"{ backoff = "none" }"#, Retry::NoRetry),
+        (
+            r#"{ backoff = "linear", interval = "50ms" }"#,
+            Retry::linear(ms(50)),
+        ),
+        (
+            r#"{ backoff = "intervals", intervals = ["10ms", "1s"] }"#,
+            Retry::intervals([ms(10), ms(1_000)]),
+        ),
+    ] {
+        let config: Config = toml::from_str(&format!("[lock]\nretry = {retry}")).unwrap();
+        assert_eq!(config.lock.retry, expected, "{retry}");
+        let back: Config = toml::from_str(&toml::to_string(&config).unwrap()).unwrap();
+        assert_eq!(back, config);
+    }
+}
+
+#[test]
+fn mistakes_in_a_file_are_named() {
+    let cases = [
+        (
+            "[lock]\nretry = { backoff = \"exponential\", min = \"10ms\" }",
+            "max",
+        ),
+        (
+            "[lock]\nretry = { backoff = \"linear\", min = \"10ms\" }",
+            "min",
+        ),
+        ("[lock]\nretry = { backoff = \"sometimes\" }", "sometimes"),
+        ("urls = [\"redis://a/\"]", "urls"),
+        ("connect_timeout = \"soon\"", "soon"),
+    ];
+    for (text, named) in cases {
+        let err = toml::from_str::<Config>(text).unwrap_err().to_string();
+        assert!(err.contains(named), "{text}: {err}");
+    }
+}
+
+#[tokio::test]
+async fn no_topology_or_two_is_invalid_input_before_anything_is_sent() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}/", listener.local_addr().unwrap());
+    let two = Config {
+        redlock: vec![url.clone()],
+        ..Config::url(&url)
+    };
+    for config in [Config::default(), two] {
+        let start = Instant::now();
+        let err = config.connect().await.unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidInput(InvalidInput::Config { .. })),
+            "{err:?}"
+        );
+        assert!(start.elapsed() < ms(100), "{:?}", start.elapsed());
+    }
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "nothing was sent");
+}
+
+/// A configured client on one server: the lock's defaults (metadata, retry, deadline) are
+/// the obtain's options.
+#[tokio::test]
+async fn a_configured_client_locks_with_the_configured_defaults() {
+    let server = RedisServer::start();
+    let text = format!(
+        r#"
+        url = "{}"
+        connect_timeout = "500ms"
+        response_timeout = "2s"
+        connect_retries = 1
+        [lock]
+        ttl = "5s"
+        metadata = "billing-worker"
+        timeout = "300ms"
+        retry = {{ backoff = "linear", interval = "20ms" }}
+    "#,
+        server.url()
+    );
+    let config: Config = toml::from_str(&text).unwrap();
+    let client = config.connect().await.unwrap();
+    let lock = client
+        .obtain("invoice", config.lock.ttl, &config.options())
+        .await
+        .unwrap();
+    let value = get(&server, "invoice").await.unwrap();
+    let (_, metadata) = parse_value(&value).unwrap();
+    assert_eq!(metadata, "billing-worker");
+    let start = Instant::now();
+    let err = client
+        .obtain("invoice", config.lock.ttl, &config.options())
+        .await
+        .unwrap_err();
+    let waited = start.elapsed();
+    assert!(err.is_not_obtained(), "{err:?}");
+    assert!(
+        waited >= ms(280) && waited < ms(1_000),
+        "retried until the configured 300 ms timeout: {waited:?}"
+    );
+    lock.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_configured_redlock_quorum_and_sentinel_deployment() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let redlock = Config {
+        redlock: servers.iter().map(RedisServer::url).collect(),
+        node_timeout: Some(ms(500)),
+        ..Config::default()
+    };
+    let client = redlock.connect().await.unwrap();
+    let lock = client
+        .obtain("report", ms(5_000), &Options::default())
+        .await
+        .unwrap();
+    for server in &servers {
+        assert!(get(server, "report").await.is_some(), "on every master");
+    }
+    lock.release().await.unwrap();
+
+    let failover = Failover::start(1).await;
+    let config = Config {
+        sentinel: Some(SentinelSettings {
+            urls: failover.sentinel_urls(),
+            master: crate::support::sentinel::MASTER.to_owned(),
+            ..SentinelSettings::default()
+        }),
+        connect_timeout: Some(ms(2_000)),
+        response_timeout: Some(ms(2_000)),
+        ..Config::default()
+    };
+    let client = config.connect().await.unwrap();
+    let lock = client
+        .obtain("report", ms(5_000), &Options::default())
+        .await
+        .unwrap();
+    lock.release().await.unwrap();
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test]
+async fn a_configured_cluster() {
+    let cluster = crate::support::cluster::Cluster::start();
+    let config = Config {
+        cluster: cluster.urls(),
+        ..Config::default()
+    };
+    let client = config.connect().await.unwrap();
+    let lock = client
+        .obtain("report", ms(5_000), &Options::default())
+        .await
+        .unwrap();
+    lock.release().await.unwrap();
+}
