@@ -8,7 +8,7 @@ use crate::model::mode::Mode;
 /// takes the keys callers have, without conversions.
 ///
 /// ```no_run
-/// # async fn demo(client: lockset::Client<lockset::redis::aio::ConnectionManager>) -> Result<(), lockset::Error> {
+/// # async fn demo(client: lockset::Client) -> Result<(), lockset::Error> {
 /// use std::time::Duration;
 /// use lockset::Options;
 ///

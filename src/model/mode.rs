@@ -17,7 +17,7 @@ use crate::model::key::IntoKey;
 /// `(key, Mode)`); one obtain takes every key in its mode, or none:
 ///
 /// ```no_run
-/// # async fn demo(client: lockset::Client<lockset::redis::aio::ConnectionManager>) -> Result<(), lockset::Error> {
+/// # async fn demo(client: lockset::Client) -> Result<(), lockset::Error> {
 /// use std::time::Duration;
 /// use lockset::{Mode, Options};
 ///

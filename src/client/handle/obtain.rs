@@ -71,7 +71,7 @@ where
     /// that expired stays lost.
     ///
     /// ```no_run
-    /// # async fn demo(client: lockset::Client<lockset::redis::aio::ConnectionManager>, token: String) -> Result<(), lockset::Error> {
+    /// # async fn demo(client: lockset::Client, token: String) -> Result<(), lockset::Error> {
     /// use std::time::Duration;
     /// use lockset::Options;
     ///
@@ -170,7 +170,7 @@ where
     /// every [`Options::watchdog_interval`] (default a third of the TTL).
     ///
     /// ```no_run
-    /// # async fn demo(client: lockset::Client<lockset::redis::aio::ConnectionManager>) -> Result<(), lockset::Error> {
+    /// # async fn demo(client: lockset::Client) -> Result<(), lockset::Error> {
     /// use std::time::Duration;
     /// use lockset::Options;
     ///
