@@ -46,8 +46,11 @@ async fn hold(client: &Client, key: &str) -> lockset::Result<Guard> {
 }
 
 /// The same service code on `topology`: a lock that keeps a rival out, and is released.
-async fn exercise(topology: Topology) {
+async fn exercise(topology: Topology, named: &str) {
     let client = client_for(topology).await.expect("connect");
+    // `Debug` says where the locks live.
+    let shown = format!("{client:?}");
+    assert!(shown.contains(&format!("topology: \"{named}\"")), "{shown}");
     let guard = hold(&client, "{job}:report").await.expect("obtain");
     let rival = client
         .obtain(
@@ -66,30 +69,26 @@ async fn exercise(topology: Topology) {
 #[tokio::test]
 async fn one_server() {
     let server = RedisServer::start();
-    exercise(Topology::Single(server.url())).await;
+    exercise(Topology::Single(server.url()), "single").await;
 }
 
 #[tokio::test]
 async fn a_sentinel_deployment() {
     let failover = Failover::start(1).await;
-    exercise(Topology::Sentinel(Box::new(
-        failover.config(Replication::all()),
-    )))
-    .await;
+    let config = Box::new(failover.config(Replication::all()));
+    exercise(Topology::Sentinel(config), "single").await;
 }
 
 #[tokio::test]
 async fn a_redlock_quorum() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    exercise(Topology::Redlock(
-        servers.iter().map(RedisServer::url).collect(),
-    ))
-    .await;
+    let urls = servers.iter().map(RedisServer::url).collect();
+    exercise(Topology::Redlock(urls), "redlock").await;
 }
 
 #[cfg(feature = "cluster")]
 #[tokio::test]
 async fn a_cluster() {
     let cluster = Cluster::start();
-    exercise(Topology::Cluster(cluster.urls())).await;
+    exercise(Topology::Cluster(cluster.urls()), "cluster").await;
 }

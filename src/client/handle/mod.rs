@@ -433,8 +433,32 @@ where
     }
 }
 
-impl<C> fmt::Debug for Client<C> {
+/// Says where the locks live: `Client { topology: "single", address: Some("127.0.0.1:6379"),
+/// .. }`, `"redlock"` with its masters' count, `"cluster"`; a Sentinel client's address
+/// names its sentinels and primary.
+impl<C> fmt::Debug for Client<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Client").finish_non_exhaustive()
+        let backend = self.inner.backend();
+        let mut debug = f.debug_struct("Client");
+        if backend.is_quorum() {
+            debug
+                .field("topology", &"redlock")
+                .field("masters", &backend.stores().len());
+        } else {
+            let topology = if self.inner.cluster {
+                "cluster"
+            } else {
+                "single"
+            };
+            debug
+                .field("topology", &topology)
+                .field("address", &self.inner.address.get());
+        }
+        debug
+            .field("replicated", &backend.is_replicated())
+            .finish_non_exhaustive()
     }
 }
