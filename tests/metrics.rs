@@ -204,9 +204,25 @@ async fn obtains_count_by_outcome_with_their_attempts() {
         .fair(false);
     let err = env.client.obtain("busy", ms(10_000), &patient).await;
     assert!(matches!(err, Err(Error::DeadlineExceeded)), "{err:?}");
-    // Bad input: an error, nothing sent.
+    // Bad input: nothing sent.
     let err = env.client.obtain("", ms(10_000), &options).await;
     assert!(matches!(err, Err(Error::InvalidInput(_))), "{err:?}");
+    // Redis down: unavailable, told apart from bad input and from a holder (an alert on
+    // `outcome="unavailable"` means Redis, not contention).
+    let server = support::RedisServer::start();
+    let down = lockset::Client::connect(&server.url()).await.unwrap();
+    drop(server);
+    let err = down.obtain("busy", ms(10_000), &options).await;
+    assert!(err.as_ref().is_err_and(Error::is_unavailable), "{err:?}");
+    // Anything else (here a key that holds a list) is an error.
+    let _: () = lockset::redis::cmd("RPUSH")
+        .arg("a-list")
+        .arg("x")
+        .query_async(&mut support::connect(&env.server).await)
+        .await
+        .unwrap();
+    let err = env.client.obtain("a-list", ms(10_000), &options).await;
+    assert!(matches!(err, Err(Error::WrongType { .. })), "{err:?}");
 
     let figures = family("outcomes");
     assert_eq!(
@@ -214,14 +230,16 @@ async fn obtains_count_by_outcome_with_their_attempts() {
         [
             ("lockset_obtains_total{outcome=deadline}", 1),
             ("lockset_obtains_total{outcome=error}", 1),
+            ("lockset_obtains_total{outcome=invalid_input}", 1),
             ("lockset_obtains_total{outcome=not_obtained}", 2),
+            ("lockset_obtains_total{outcome=unavailable}", 1),
         ]
     );
     let mut attempts = figures.values("lockset_obtain_attempts{}");
     attempts.sort_by(f64::total_cmp);
     // The bad input's obtain made no attempt; the deadline's made several.
-    assert_eq!(attempts[..3], [0.0, 1.0, 3.0], "{attempts:?}");
-    assert!(attempts[3] >= 2.0, "{attempts:?}");
+    assert_eq!(attempts[..3], [0.0, 1.0, 1.0], "{attempts:?}");
+    assert!(attempts[attempts.len() - 1] >= 2.0, "{attempts:?}");
     let waited = figures.values("lockset_obtain_wait_seconds{outcome=deadline}");
     assert_eq!(waited.len(), 1);
     assert!((0.1..10.0).contains(&waited[0]), "{waited:?}");

@@ -18,6 +18,11 @@ pub(crate) enum ObtainEnd {
     Obtained,
     NotObtained,
     Deadline,
+    /// Redis could not be reached or did not answer (`Error::is_unavailable`).
+    Unavailable,
+    /// Rejected before anything was sent.
+    InvalidInput,
+    /// Anything else: a wrong-typed key, scripts refused, a mode mismatch, another error.
     Error,
 }
 
@@ -27,6 +32,8 @@ pub(crate) enum RefreshEnd {
     Refreshed,
     /// The lock was found lost.
     Lost,
+    Unavailable,
+    InvalidInput,
     Error,
 }
 
@@ -35,6 +42,7 @@ pub(crate) enum RefreshEnd {
 pub(crate) enum ReleaseEnd {
     Released,
     NotHeld,
+    Unavailable,
     Error,
 }
 
@@ -99,11 +107,11 @@ mod on {
 
     /// Every series of one family.
     struct Handles {
-        obtains: [Counter; 4],
-        obtain_wait: [Histogram; 4],
+        obtains: [Counter; 6],
+        obtain_wait: [Histogram; 6],
         attempts: Histogram,
-        refreshes: [Counter; 3],
-        releases: [Counter; 3],
+        refreshes: [Counter; 5],
+        releases: [Counter; 4],
         lost: [Counter; 3],
         hold: [Histogram; 2],
         handoffs: Counter,
@@ -175,14 +183,22 @@ mod on {
             let histogram = |name: &'static str, extra: &[(&'static str, &'static str)]| {
                 ::metrics::histogram!(name, labels(extra))
             };
-            let outcomes = ["obtained", "not_obtained", "deadline", "error"];
+            // In the order of `ObtainEnd`, `RefreshEnd` and `ReleaseEnd`.
+            let outcomes = [
+                "obtained",
+                "not_obtained",
+                "deadline",
+                "unavailable",
+                "invalid_input",
+                "error",
+            ];
             Self {
                 obtains: outcomes.map(|o| counter(OBTAINS, &[("outcome", o)])),
                 obtain_wait: outcomes.map(|o| histogram(OBTAIN_WAIT, &[("outcome", o)])),
                 attempts: histogram(OBTAIN_ATTEMPTS, &[]),
-                refreshes: ["refreshed", "lost", "error"]
+                refreshes: ["refreshed", "lost", "unavailable", "invalid_input", "error"]
                     .map(|o| counter(REFRESHES, &[("outcome", o)])),
-                releases: ["released", "not_held", "error"]
+                releases: ["released", "not_held", "unavailable", "error"]
                     .map(|o| counter(RELEASES, &[("outcome", o)])),
                 lost: ["refresh", "ttl", "expired"].map(|c| counter(LOST, &[("cause", c)])),
                 hold: ["released", "lost"].map(|e| histogram(HOLD, &[("end", e)])),

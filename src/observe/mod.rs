@@ -147,12 +147,19 @@ pub(crate) fn finished<T>(
         Op::Refresh(meter) => meter.refreshed(match result {
             Ok(_) => meter::RefreshEnd::Refreshed,
             Err(Error::NotObtained) => meter::RefreshEnd::Lost,
-            Err(_) => meter::RefreshEnd::Error,
+            Err(err) => match failure(err) {
+                Failure::Unavailable => meter::RefreshEnd::Unavailable,
+                Failure::InvalidInput => meter::RefreshEnd::InvalidInput,
+                Failure::Other => meter::RefreshEnd::Error,
+            },
         }),
         Op::Release(meter) => meter.released(match result {
             Ok(_) => meter::ReleaseEnd::Released,
             Err(err) if err.is_not_held() => meter::ReleaseEnd::NotHeld,
-            Err(_) => meter::ReleaseEnd::Error,
+            Err(err) => match failure(err) {
+                Failure::Unavailable => meter::ReleaseEnd::Unavailable,
+                Failure::InvalidInput | Failure::Other => meter::ReleaseEnd::Error,
+            },
         }),
         Op::Ttl => {}
     }
@@ -170,7 +177,29 @@ fn obtain_end<T>(result: &Result<T, Error>) -> meter::ObtainEnd {
         Ok(_) => meter::ObtainEnd::Obtained,
         Err(Error::DeadlineExceeded) => meter::ObtainEnd::Deadline,
         Err(err) if err.is_not_obtained() => meter::ObtainEnd::NotObtained,
-        Err(_) => meter::ObtainEnd::Error,
+        Err(err) => match failure(err) {
+            Failure::Unavailable => meter::ObtainEnd::Unavailable,
+            Failure::InvalidInput => meter::ObtainEnd::InvalidInput,
+            Failure::Other => meter::ObtainEnd::Error,
+        },
+    }
+}
+
+/// What an error that is neither "held" nor "not ours" means to whoever watches: the one
+/// rule behind the `unavailable` and `invalid_input` outcomes of the metrics and the spans.
+enum Failure {
+    /// Redis could not be reached or did not answer ([`Error::is_unavailable`]).
+    Unavailable,
+    /// Rejected before anything was sent.
+    InvalidInput,
+    Other,
+}
+
+fn failure(err: &Error) -> Failure {
+    match err {
+        Error::InvalidInput(_) => Failure::InvalidInput,
+        err if err.is_unavailable() => Failure::Unavailable,
+        _ => Failure::Other,
     }
 }
 
@@ -230,10 +259,12 @@ fn outcome<T>(result: &Result<T, Error>) -> &'static str {
         Err(Error::DeadlineExceeded) => "deadline_exceeded",
         Err(err) if err.is_not_obtained() => "not_obtained",
         Err(Error::NotHeld) => "not_held",
-        Err(Error::InvalidInput(_)) => "invalid_input",
         Err(Error::WrongType { .. }) => "wrong_type",
-        Err(err) if err.is_unavailable() => "unavailable",
-        Err(_) => "error",
+        Err(err) => match failure(err) {
+            Failure::Unavailable => "unavailable",
+            Failure::InvalidInput => "invalid_input",
+            Failure::Other => "error",
+        },
     }
 }
 
