@@ -26,8 +26,48 @@ pub(crate) fn man(dir: &Path) -> Result<u8, Failure> {
         )
     };
     std::fs::create_dir_all(dir).map_err(cannot)?;
-    clap_mangen::generate_to(Cli::command(), dir).map_err(cannot)?;
+    let mut cmd = Cli::command().disable_help_subcommand(true);
+    cmd.build();
+    write_pages(&mut cmd, dir).map_err(cannot)?;
     Ok(0)
+}
+
+/// Writes the page of `cmd` and of each of its subcommands: clap_mangen's pages, with the
+/// synopsis of `--help` (clap_mangen's lists options without their values, and no `--`).
+fn write_pages(cmd: &mut clap::Command, dir: &Path) -> io::Result<()> {
+    for sub in cmd.get_subcommands_mut().filter(|sub| !sub.is_hide_set()) {
+        write_pages(sub, dir)?;
+    }
+    let man = clap_mangen::Man::new(cmd.clone());
+    let mut page = Vec::new();
+    man.render(&mut page)?;
+    let page = String::from_utf8_lossy(&page);
+    let usage = cmd.render_usage().to_string();
+    let usage = usage.trim_start_matches("Usage:").trim();
+    std::fs::write(
+        dir.join(man.get_filename()),
+        with_synopsis(&page, cmd, usage),
+    )
+}
+
+/// `page` with its synopsis line replaced by `usage` (`lockset run [OPTIONS] <KEY>... --
+/// <COMMAND>...`), the program's name in bold.
+fn with_synopsis(page: &str, cmd: &clap::Command, usage: &str) -> String {
+    let name = cmd.get_bin_name().unwrap_or_else(|| cmd.get_name());
+    let rest = usage.strip_prefix(name).unwrap_or(usage);
+    let line = format!("\\fB{}\\fR{}", roff(name), roff(rest));
+    let mut lines: Vec<&str> = page.lines().collect();
+    if let Some(at) = lines.iter().position(|line| *line == ".SH SYNOPSIS")
+        && at + 1 < lines.len()
+    {
+        lines[at + 1] = &line;
+    }
+    lines.join("\n") + "\n"
+}
+
+/// `text` safe in a roff line: backslashes and hyphens escaped.
+fn roff(text: &str) -> String {
+    text.replace('\\', "\\e").replace('-', "\\-")
 }
 
 /// Prints the completion script for `shell` on stdout.
@@ -87,7 +127,23 @@ mod tests {
             assert!(top.contains(&sub), "{sub} in lockset.1");
             let own = page(&format!("lockset-{sub}.1"));
             assert!(own.contains(&format!("lockset-{sub}")), "{own}");
+            // The synopsis is `--help`'s: options and value names, not a bare flag list.
+            let synopsis = own
+                .lines()
+                .skip_while(|l| *l != ".SH SYNOPSIS")
+                .nth(1)
+                .unwrap();
+            assert!(
+                synopsis.starts_with(&format!("\\fBlockset {sub}\\fR")),
+                "{synopsis}"
+            );
+            assert!(!synopsis.contains("[\\fB"), "{synopsis}");
         }
+        let run = page("lockset-run.1");
+        assert!(
+            run.contains("\\fBlockset run\\fR [OPTIONS] <KEY>... \\-\\- <COMMAND>..."),
+            "{run}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
