@@ -314,6 +314,39 @@ async fn a_lock_found_lost_is_a_warning_once() {
     );
 }
 
+/// Work under `with_lock` that stops because the lock was lost: the loss is one warning,
+/// and the release that then finds nothing to release is not a second one.
+#[tokio::test]
+async fn a_with_lock_whose_lock_was_lost_warns_once() {
+    let env = Env::start().await;
+    let (capture, _guard) = capture();
+    let options = Options::default().watchdog_interval(ms(50));
+    let raw = env.raw.clone();
+    let outcome = env
+        .client
+        .with_lock(["job"], ms(10_000), &options, |lost| async move {
+            let mut raw = raw;
+            let _: i64 = lockset::redis::cmd("DEL")
+                .arg("job")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            lost.lost().await;
+            "stopped"
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome, "stopped");
+    let warnings: Vec<String> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.level == Level::WARN)
+        .map(|e| e.message().to_owned())
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].starts_with("lock lost"), "{warnings:?}");
+}
+
 #[tokio::test]
 async fn a_failed_watchdog_refresh_is_a_warning_and_is_ridden_out() {
     let server = RedisServer::start();

@@ -184,10 +184,16 @@ where
 }
 
 /// Logs a release after `with_lock`'s work that failed: by then the work is done, and the
-/// lost signal told it if the lock was lost meanwhile.
+/// lost signal told it if the lock was lost meanwhile. A lock that was not ours any more
+/// was already warned about when it was found lost (or expired with its TTL): only a
+/// debug line then.
 pub(crate) fn released_after_work(released: Result<()>) {
-    if let Err(err) = released {
-        tracing::warn!(%err, "release after with_lock's work failed");
+    match released {
+        Ok(()) => {}
+        Err(err) if err.is_not_held() => {
+            tracing::debug!(%err, "with_lock's lock was no longer held at its release");
+        }
+        Err(err) => tracing::warn!(%err, "release after with_lock's work failed"),
     }
 }
 
