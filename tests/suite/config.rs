@@ -208,24 +208,35 @@ async fn a_configured_client_locks_with_the_configured_defaults() {
     lock.release().await.unwrap();
 }
 
-#[tokio::test]
-async fn a_configured_redlock_quorum_and_sentinel_deployment() {
-    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let redlock = Config {
-        redlock: servers.iter().map(RedisServer::url).collect(),
-        node_timeout: Some(ms(500)),
-        ..Config::default()
-    };
-    let client = redlock.connect().await.unwrap();
+/// Connects as `config` says and obtains "report" once; `check` looks while it is held.
+async fn lock_once(config: &Config, check: impl AsyncFnOnce()) {
+    let client = config.connect().await.unwrap();
     let lock = client
         .obtain("report", ms(5_000), &Options::default())
         .await
         .unwrap();
-    for server in &servers {
-        assert!(get(server, "report").await.is_some(), "on every master");
-    }
+    check().await;
     lock.release().await.unwrap();
+}
 
+#[tokio::test]
+async fn a_configured_redlock_quorum() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let config = Config {
+        redlock: servers.iter().map(RedisServer::url).collect(),
+        node_timeout: Some(ms(500)),
+        ..Config::default()
+    };
+    lock_once(&config, async || {
+        for server in &servers {
+            assert!(get(server, "report").await.is_some(), "on every master");
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_configured_sentinel_deployment() {
     let failover = Failover::start(1).await;
     let config = Config {
         sentinel: Some(SentinelSettings {
@@ -237,12 +248,7 @@ async fn a_configured_redlock_quorum_and_sentinel_deployment() {
         response_timeout: Some(ms(2_000)),
         ..Config::default()
     };
-    let client = config.connect().await.unwrap();
-    let lock = client
-        .obtain("report", ms(5_000), &Options::default())
-        .await
-        .unwrap();
-    lock.release().await.unwrap();
+    lock_once(&config, async || {}).await;
 }
 
 #[cfg(feature = "cluster")]
@@ -253,10 +259,5 @@ async fn a_configured_cluster() {
         cluster: cluster.urls(),
         ..Config::default()
     };
-    let client = config.connect().await.unwrap();
-    let lock = client
-        .obtain("report", ms(5_000), &Options::default())
-        .await
-        .unwrap();
-    lock.release().await.unwrap();
+    lock_once(&config, async || {}).await;
 }
