@@ -2,6 +2,7 @@
 //! the locks' default options, read from a configuration file (serde: TOML, JSON, YAML ...)
 //! or written in code, in the style of deadpool-redis's `Config`.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -59,7 +60,7 @@ use crate::topology::sentinel::SentinelConfig;
 ///     ..lockset::Config::url("redis://127.0.0.1/")
 /// };
 /// ```
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// One server: its URL (`redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`, or `rediss://`
@@ -75,12 +76,16 @@ pub struct Config {
     /// How long one connection attempt may take (default 1 s, redis-rs's).
     #[serde(skip_serializing_if = "Option::is_none", with = "humantime_serde")]
     pub connect_timeout: Option<Duration>,
-    /// How long a reply may take before the command fails (default: none; an obtain is
-    /// bounded by its deadline all the same).
+    /// How long a reply may take before the command fails (default 500 ms, redis-rs's; a
+    /// reply that does not come in time leaves an obtain's outcome unknown,
+    /// [`Error::UnknownOutcome`](crate::Error::UnknownOutcome), and is retried within its
+    /// deadline).
     #[serde(skip_serializing_if = "Option::is_none", with = "humantime_serde")]
     pub response_timeout: Option<Duration>,
-    /// How often a first connection that failed in a way worth retrying is tried again
-    /// (default 6, redis-rs's; a refused port or login fails at once whatever this says).
+    /// With `url` or `redlock`: how often a first connection that failed in a way worth
+    /// retrying is tried again (default 6, redis-rs's; a refused port or login fails at once
+    /// whatever this says). A cluster's and the sentinels' connections retry by their own
+    /// rules, so it is refused with `cluster` and `sentinel`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub connect_retries: Option<usize>,
     /// Release events wake waiters at once (default true; see
@@ -91,13 +96,17 @@ pub struct Config {
     /// ([`Replication::all`]), elsewhere none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replicas: Option<u32>,
-    /// How long a write waits for the replicas (default 1 s, see [`Replication::timeout`]).
+    /// How long a write waits for the replicas (default 250 ms,
+    /// [`Replication::DEFAULT_TIMEOUT`]; see [`Replication::timeout`]). Needs `replicas`,
+    /// or `sentinel`, where it times the default (every replica in sync).
     #[serde(skip_serializing_if = "Option::is_none", with = "humantime_serde")]
     pub replication_timeout: Option<Duration>,
-    /// A Redlock master's time limit per operation (see [`QuorumConfig::node_timeout`]).
+    /// With `redlock` only: a master's time limit per operation (see
+    /// [`QuorumConfig::node_timeout`]).
     #[serde(skip_serializing_if = "Option::is_none", with = "humantime_serde")]
     pub node_timeout: Option<Duration>,
-    /// A Redlock quorum's clock drift factor (see [`QuorumConfig::drift_factor`]).
+    /// With `redlock` only: the quorum's clock drift factor, in [0, 1) (see
+    /// [`QuorumConfig::drift_factor`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drift_factor: Option<f64>,
     /// A Sentinel deployment: the sentinels and the primary's name.
@@ -111,7 +120,7 @@ pub struct Config {
 }
 
 /// Where a Sentinel deployment's sentinels are, and the primary they watch.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SentinelSettings {
     /// The sentinels' URLs.
@@ -153,7 +162,10 @@ pub struct LockSettings {
     pub ttl: Duration,
     /// The retry strategy, in the flat form: `{ backoff = "none" | "linear" |
     /// "exponential" | "intervals", interval, min, max, intervals, jitter = "full" | "equal"
-    /// | "plus_minus_half", retries }` (default: no retry). See [`Options::retry`].
+    /// | "plus_minus_half", retries }` (default: no retry). See [`Options::retry`]. A
+    /// strategy made in code with its jitter outside its limit
+    /// (`.limit(3).jitter(Jitter::Full)`) behaves as, and is written as, the limit outside
+    /// the jitter; a custom strategy has no flat form (serializing it fails).
     #[serde(with = "retry_flat")]
     pub retry: Retry,
     /// How long an obtain may wait at most (default: the lock's TTL). See
@@ -171,6 +183,56 @@ pub struct LockSettings {
     /// How often a watchdog refreshes. See [`Options::watchdog_interval`].
     #[serde(skip_serializing_if = "Option::is_none", with = "humantime_serde")]
     pub watchdog_interval: Option<Duration>,
+}
+
+/// Every field, with the passwords in URLs and the Sentinel login shown as `<redacted>`.
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls = |urls: &[String]| urls.iter().map(|url| redact_url(url)).collect::<Vec<_>>();
+        f.debug_struct("Config")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("redlock", &urls(&self.redlock))
+            .field("cluster", &urls(&self.cluster))
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("connect_retries", &self.connect_retries)
+            .field("release_events", &self.release_events)
+            .field("replicas", &self.replicas)
+            .field("replication_timeout", &self.replication_timeout)
+            .field("node_timeout", &self.node_timeout)
+            .field("drift_factor", &self.drift_factor)
+            .field("sentinel", &self.sentinel)
+            .field("tls", &self.tls)
+            .field("lock", &self.lock)
+            .finish()
+    }
+}
+
+impl fmt::Debug for SentinelSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|url| redact_url(url)).collect();
+        f.debug_struct("SentinelSettings")
+            .field("urls", &urls)
+            .field("master", &self.master)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("db", &self.db)
+            .finish()
+    }
+}
+
+/// `url` with the password of its login, if any, as `<redacted>`.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((login, host)) = rest.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match login.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:<redacted>@{host}"),
+        None => url.to_owned(),
+    }
 }
 
 impl Default for Config {
@@ -244,35 +306,84 @@ impl Config {
 
     /// Connects as configured: a client for the one topology the configuration names.
     ///
+    /// Everything that can be checked without a server is checked first, and nothing is
+    /// sent when it fails: one topology named; the settings given are ones it uses
+    /// (`node_timeout` and `drift_factor` only with `redlock`, `connect_retries` only with
+    /// `url` or `redlock`, `replication_timeout` only with `replicas` or `sentinel`); the
+    /// TLS files read and the crate's features present; the replication and quorum
+    /// settings' own rules.
+    ///
     /// # Errors
     ///
-    /// [`InvalidInput::Config`] before anything is sent when no topology or more than one
-    /// is named, when TLS files or a cluster are configured without the feature they need,
-    /// or a cluster with a Sentinel or Redlock setting it does not use; the errors of the
-    /// constructor used ([`Client::connect`], [`Client::connect_sentinel`],
+    /// [`InvalidInput::Config`] for a topology named twice or not at all, a setting its
+    /// topology does not use, or one that needs a feature the crate was built without;
+    /// [`InvalidInput::Tls`](InvalidInput) for a TLS file that cannot be read;
+    /// [`InvalidInput::ZeroReplicationTimeout`], [`InvalidInput::DriftFactor`],
+    /// [`InvalidInput::ZeroNodeTimeout`]: all before anything is sent. Then the errors of
+    /// the constructor used ([`Client::connect`], [`Client::connect_sentinel`],
     /// [`Client::quorum`], `Client::connect_cluster`) and of [`Client::replicated`].
     pub async fn connect(&self) -> Result<Client> {
+        let plan = self.check()?;
         let dial = Dial {
             connect_timeout: self.connect_timeout,
             response_timeout: self.response_timeout,
             retries: self.connect_retries,
         };
-        let client = match self.topology()? {
-            Topology::Single(url) => Client::connect_client(self.redis_client(url)?, dial).await?,
-            Topology::Redlock(urls) => self.redlock(urls, dial).await?,
-            Topology::Cluster(urls) => self.cluster(urls).await?,
-            Topology::Sentinel(settings) => {
-                return self.sentinel(settings).await;
+        let client = match plan.topology {
+            Topology::Single(url) => {
+                Client::connect_client(self.redis_client(url, &plan)?, dial).await?
             }
+            Topology::Redlock(urls) => self.redlock(urls, dial, &plan).await?,
+            Topology::Cluster(urls) => self.cluster(urls, &plan).await?,
+            Topology::Sentinel(settings) => return self.sentinel(settings, plan).await,
         };
         let client = match self.release_events {
             true => client,
             false => client.without_release_events(),
         };
-        match self.replication() {
+        match plan.replication {
             Some(replication) => client.replicated(replication).await,
             None => Ok(client),
         }
+    }
+
+    /// Everything that can be checked before anything is sent (see [`Config::connect`]).
+    fn check(&self) -> Result<Plan<'_>> {
+        let topology = self.topology()?;
+        let redlock = matches!(topology, Topology::Redlock(_));
+        let sentinel = matches!(topology, Topology::Sentinel(_));
+        let misplaced = [
+            (
+                "node_timeout",
+                self.node_timeout.is_some() && !redlock,
+                "a Redlock setting (with `redlock`)",
+            ),
+            (
+                "drift_factor",
+                self.drift_factor.is_some() && !redlock,
+                "a Redlock setting (with `redlock`)",
+            ),
+            (
+                "connect_retries",
+                self.connect_retries.is_some()
+                    && matches!(topology, Topology::Cluster(_) | Topology::Sentinel(_)),
+                "for `url` and `redlock` (a cluster's and the sentinels' connections retry by their own rules)",
+            ),
+        ];
+        if let Some((name, _, why)) = misplaced.iter().find(|(_, wrong, _)| *wrong) {
+            return Err(config_error(format!("`{name}` is {why}")).into());
+        }
+        if redlock {
+            self.quorum().check()?;
+        }
+        #[cfg(not(feature = "tls"))]
+        self.tls_settings()?;
+        Ok(Plan {
+            replication: self.replication(sentinel)?,
+            #[cfg(feature = "tls")]
+            tls: self.tls_settings()?,
+            topology,
+        })
     }
 
     /// The one topology named, or why there is not one.
@@ -302,31 +413,29 @@ impl Config {
         })
     }
 
-    /// Every lock write waits for the replicas, when `replicas` says so.
-    fn replication(&self) -> Option<Replication> {
-        let replication = Replication::replicas(self.replicas?);
-        Some(match self.replication_timeout {
+    /// How lock writes wait for replicas: as `replicas` says, timed by
+    /// `replication_timeout`; behind Sentinel by default every replica in sync (which
+    /// `replication_timeout` alone times).
+    fn replication(&self, sentinel: bool) -> Result<Option<Replication>, InvalidInput> {
+        let replication = match (self.replicas, sentinel) {
+            (Some(replicas), _) => Replication::replicas(replicas),
+            (None, true) => Replication::all(),
+            (None, false) if self.replication_timeout.is_some() => {
+                return Err(config_error(
+                    "`replication_timeout` needs `replicas` (or `sentinel`, where it times the default: every replica)".into(),
+                ));
+            }
+            (None, false) => return Ok(None),
+        };
+        let replication = match self.replication_timeout {
             Some(timeout) => replication.timeout(timeout),
             None => replication,
-        })
+        };
+        replication.check()?;
+        Ok(Some(replication))
     }
 
-    /// A redis-rs client for `url`, over TLS with the configured files for `rediss://`.
-    fn redis_client(&self, url: &str) -> Result<redis::Client> {
-        #[cfg(feature = "tls")]
-        return Ok(self.tls_settings()?.unwrap_or_default().redis_client(url)?);
-        #[cfg(not(feature = "tls"))]
-        {
-            self.tls_settings()?;
-            Ok(redis::Client::open(url)?)
-        }
-    }
-
-    async fn redlock(&self, urls: &[String], dial: Dial) -> Result<Client> {
-        let mut masters = Vec::with_capacity(urls.len());
-        for url in urls {
-            masters.push(Client::connect_client(self.redis_client(url)?, dial).await?);
-        }
+    fn quorum(&self) -> QuorumConfig {
         let mut quorum = QuorumConfig::default();
         if let Some(timeout) = self.node_timeout {
             quorum = quorum.node_timeout(timeout);
@@ -334,11 +443,30 @@ impl Config {
         if let Some(factor) = self.drift_factor {
             quorum = quorum.drift_factor(factor);
         }
-        Client::quorum(masters, quorum)
+        quorum
+    }
+
+    /// A redis-rs client for `url`, over TLS with the configured files for `rediss://`.
+    fn redis_client(&self, url: &str, plan: &Plan<'_>) -> Result<redis::Client> {
+        #[cfg(feature = "tls")]
+        return Ok(plan.tls.clone().unwrap_or_default().redis_client(url)?);
+        #[cfg(not(feature = "tls"))]
+        {
+            let _ = plan;
+            Ok(redis::Client::open(url)?)
+        }
+    }
+
+    async fn redlock(&self, urls: &[String], dial: Dial, plan: &Plan<'_>) -> Result<Client> {
+        let mut masters = Vec::with_capacity(urls.len());
+        for url in urls {
+            masters.push(Client::connect_client(self.redis_client(url, plan)?, dial).await?);
+        }
+        Client::quorum(masters, self.quorum())
     }
 
     #[cfg(feature = "cluster")]
-    async fn cluster(&self, urls: &[String]) -> Result<Client> {
+    async fn cluster(&self, urls: &[String], plan: &Plan<'_>) -> Result<Client> {
         use redis::IntoConnectionInfo as _;
         let nodes = urls
             .iter()
@@ -351,25 +479,23 @@ impl Config {
         if let Some(timeout) = self.response_timeout {
             builder = builder.response_timeout(timeout);
         }
-        if let Some(retries) = self.connect_retries {
-            builder = builder.retries(u32::try_from(retries).unwrap_or(u32::MAX));
-        }
         #[cfg(feature = "tls")]
-        if let Some(tls) = self.tls_settings()? {
+        if let Some(tls) = &plan.tls {
             builder = builder.certs(tls.certificates());
         }
+        #[cfg(not(feature = "tls"))]
+        let _ = plan;
         Client::connect_cluster_with(builder, nodes).await
     }
 
     #[cfg(not(feature = "cluster"))]
-    async fn cluster(&self, _urls: &[String]) -> Result<Client> {
+    async fn cluster(&self, _urls: &[String], _plan: &Plan<'_>) -> Result<Client> {
         Err(config_error("`cluster` needs the crate's `cluster` feature".into()).into())
     }
 
-    async fn sentinel(&self, settings: &SentinelSettings) -> Result<Client> {
-        let mut config =
-            SentinelConfig::new(settings.urls.iter().map(String::as_str), &settings.master)?
-                .db(settings.db);
+    async fn sentinel(&self, settings: &SentinelSettings, plan: Plan<'_>) -> Result<Client> {
+        let urls = settings.urls.iter().map(String::as_str);
+        let mut config = SentinelConfig::new(urls, &settings.master)?.db(settings.db);
         if let Some(user) = &settings.username {
             config = config.username(user);
         }
@@ -382,15 +508,13 @@ impl Config {
         if let Some(timeout) = self.response_timeout {
             config = config.response_timeout(timeout);
         }
-        if let Some(replication) = self.replication() {
+        if let Some(replication) = plan.replication {
             config = config.replication(replication);
         }
         #[cfg(feature = "tls")]
-        if let Some(tls) = self.tls_settings()? {
+        if let Some(tls) = plan.tls {
             config = config.tls(tls);
         }
-        #[cfg(not(feature = "tls"))]
-        self.tls_settings()?;
         let client = Client::connect_sentinel(config).await?;
         Ok(match self.release_events {
             true => client,
@@ -425,6 +549,14 @@ impl Config {
             None => Ok(()),
         }
     }
+}
+
+/// What [`Config::check`] found: the topology, and the settings read for it.
+struct Plan<'a> {
+    topology: Topology<'a>,
+    replication: Option<Replication>,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::topology::tls::Tls>,
 }
 
 /// Where the locks live, as a configuration names it.

@@ -97,6 +97,19 @@ impl Flat {
                 self.backoff_name()
             ));
         }
+        // A zero wait retries without a pause, hammering the server until the deadline:
+        // in a file, more likely a slip than a wish.
+        let zero = [("interval", self.interval), ("max", self.max)]
+            .into_iter()
+            .find(|(_, wait)| *wait == Some(Duration::ZERO));
+        if let Some((field, _)) = zero {
+            return Err(format!(
+                "`{field}` of 0 retries without a pause; give a wait such as \"10ms\""
+            ));
+        }
+        if self.intervals.as_ref().is_some_and(Vec::is_empty) {
+            return Err("`intervals` is empty; for no retry write backoff = \"none\"".to_owned());
+        }
         let base = match self.backoff {
             Kind::None => Retry::NoRetry,
             Kind::Linear => Retry::linear(self.interval.ok_or_else(|| needs("interval"))?),

@@ -166,6 +166,142 @@ async fn no_topology_or_two_is_invalid_input_before_anything_is_sent() {
     assert!(listener.accept().is_err(), "nothing was sent");
 }
 
+/// Every mistake that can be found without a server is found before anything is sent: a
+/// setting the topology does not use, and the settings' own rules.
+#[tokio::test]
+async fn settings_the_topology_does_not_use_or_breaks_are_refused_before_sending() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}/", listener.local_addr().unwrap());
+    let sentinel = || {
+        Some(SentinelSettings {
+            urls: vec![url.clone()],
+            master: "locks".to_owned(),
+            ..SentinelSettings::default()
+        })
+    };
+    let cases = [
+        (
+            "node_timeout with url",
+            Config {
+                node_timeout: Some(ms(100)),
+                ..Config::url(&url)
+            },
+        ),
+        (
+            "drift_factor with url",
+            Config {
+                drift_factor: Some(0.01),
+                ..Config::url(&url)
+            },
+        ),
+        (
+            "node_timeout with a cluster",
+            Config {
+                cluster: vec![url.clone()],
+                node_timeout: Some(ms(100)),
+                ..Config::default()
+            },
+        ),
+        (
+            "connect_retries with a cluster",
+            Config {
+                cluster: vec![url.clone()],
+                connect_retries: Some(0),
+                ..Config::default()
+            },
+        ),
+        (
+            "connect_retries with sentinel",
+            Config {
+                sentinel: sentinel(),
+                connect_retries: Some(2),
+                ..Config::default()
+            },
+        ),
+        (
+            "replication_timeout without replicas",
+            Config {
+                replication_timeout: Some(ms(500)),
+                ..Config::url(&url)
+            },
+        ),
+        (
+            "a drift factor out of range",
+            Config {
+                redlock: vec![url.clone()],
+                drift_factor: Some(2.0),
+                ..Config::default()
+            },
+        ),
+        (
+            "a zero node timeout",
+            Config {
+                redlock: vec![url.clone()],
+                node_timeout: Some(ms(0)),
+                ..Config::default()
+            },
+        ),
+        (
+            "a zero replication timeout",
+            Config {
+                replicas: Some(1),
+                replication_timeout: Some(ms(0)),
+                ..Config::url(&url)
+            },
+        ),
+        (
+            "a zero replication timeout behind Sentinel",
+            Config {
+                sentinel: sentinel(),
+                replication_timeout: Some(ms(0)),
+                ..Config::default()
+            },
+        ),
+    ];
+    for (what, config) in cases {
+        let start = Instant::now();
+        let err = config.connect().await.unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{what}: {err:?}");
+        assert!(start.elapsed() < ms(100), "{what}: {:?}", start.elapsed());
+    }
+    listener.set_nonblocking(true).unwrap();
+    assert!(listener.accept().is_err(), "nothing was sent");
+}
+
+#[test]
+fn debug_shows_no_password() {
+    let config = Config {
+        sentinel: Some(SentinelSettings {
+            urls: vec!["redis://:sentinel-secret@10.0.0.1:26379/".to_owned()],
+            master: "locks".to_owned(),
+            password: Some("data-secret".to_owned()),
+            ..SentinelSettings::default()
+        }),
+        ..Config::url("redis://user:url-secret@10.0.0.2/")
+    };
+    let shown = format!("{config:?}");
+    assert!(!shown.contains("secret"), "{shown}");
+    assert!(
+        shown.contains("redis://user:<redacted>@10.0.0.2/"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn a_retry_without_a_pause_is_refused_in_a_file() {
+    for retry in [
+        r#"{ backoff = "linear", interval = "0s" }"#,
+        r#"{ backoff = "exponential", min = "0s", max = "0s" }"#,
+        r#"{ backoff = "intervals", intervals = [] }"#,
+    ] {
+        let err = toml::from_str::<Config>(&format!("[lock]\nretry = {retry}")).unwrap_err();
+        assert!(
+            err.to_string().contains("retr") || err.to_string().contains("empty"),
+            "{retry}: {err}"
+        );
+    }
+}
+
 /// A configured client on one server: the lock's defaults (metadata, retry, deadline) are
 /// the obtain's options.
 #[tokio::test]

@@ -83,6 +83,19 @@ impl Default for QuorumConfig {
 }
 
 impl QuorumConfig {
+    /// The settings' own rule, checked before anything is sent: a drift factor in [0, 1),
+    /// a per-node limit that is not zero.
+    pub(crate) fn check(&self) -> Result<(), InvalidInput> {
+        let factor = self.drift_factor;
+        if !factor.is_finite() || !(0.0..1.0).contains(&factor) {
+            return Err(InvalidInput::DriftFactor { factor });
+        }
+        if self.node_timeout == Some(Duration::ZERO) {
+            return Err(InvalidInput::ZeroNodeTimeout);
+        }
+        Ok(())
+    }
+
     /// How long one master may take to answer one operation. Must not be zero. Defaults to
     /// 5% of the lock's TTL (as redsync), at least [`MIN_NODE_TIMEOUT`].
     #[must_use]
@@ -157,13 +170,7 @@ where
         if nodes.is_empty() {
             return Err(InvalidInput::NoNodes.into());
         }
-        let factor = config.drift_factor;
-        if !factor.is_finite() || !(0.0..1.0).contains(&factor) {
-            return Err(InvalidInput::DriftFactor { factor }.into());
-        }
-        if config.node_timeout == Some(Duration::ZERO) {
-            return Err(InvalidInput::ZeroNodeTimeout.into());
-        }
+        config.check()?;
         let identities = Arc::new(Identities::new(nodes.len()));
         let health = nodes.iter().map(|_| Health::new(tasks.clone())).collect();
         Ok(Self {
