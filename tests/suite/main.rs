@@ -38,6 +38,7 @@ mod reply_lost;
 mod restricted;
 mod retry_and_deadline;
 mod scripts;
+mod service;
 mod status;
 mod tls;
 mod waiting;
