@@ -829,6 +829,24 @@ fn unreachable_redis_exits_69() {
     }
 }
 
+/// `rediss://` to a plain-text port: the handshake gets no answer, and the message asks
+/// whether this is a TLS port, within a few seconds.
+#[cfg(feature = "tls")]
+#[test]
+fn a_tls_url_to_a_plain_port_asks_whether_it_is_a_tls_port() {
+    let server = RedisServer::start();
+    let urls = [format!("rediss://127.0.0.1:{}/", server.port())];
+    let start = Instant::now();
+    let out = finish(lockset(&urls).args(["acquire", "a"]));
+    assert_eq!(out.code, Some(69), "{out:?}");
+    assert!(out.stderr.contains("is this a TLS port?"), "{out:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
 #[test]
 fn every_help_page_is_complete_on_its_own() {
     let help = |args: &[&str]| {

@@ -365,6 +365,21 @@ fn unreachable(client: &redis::Client, err: &RedisError) -> Failure {
             "invalid --redis URL: the server at {what} has no database {db} ({err})"
         ));
     }
+    let tls = matches!(
+        client.get_connection_info().addr(),
+        redis::ConnectionAddr::TcpTls { .. }
+    );
+    if tls && err.is_timeout() {
+        // A plain-text port never answers a TLS handshake: the wait ends in a timeout that
+        // says nothing of TLS (the library's `Client::connect` asks the same).
+        return Failure::new(
+            UNAVAILABLE,
+            format!(
+                "cannot reach Redis at {what}: no TLS handshake in time ({err}): is this a TLS \
+                 port? (a plain-text port takes a redis:// URL)"
+            ),
+        );
+    }
     exit::redis_failure(&format!("cannot reach Redis at {what}"), err)
 }
 
