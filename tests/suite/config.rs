@@ -360,7 +360,8 @@ async fn a_configured_redlock_quorum() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let config = Config {
         redlock: servers.iter().map(RedisServer::url).collect(),
-        node_timeout: Some(ms(500)),
+        // Generous for a loaded machine (see `redlock.rs`'s `config`).
+        node_timeout: Some(ms(1_000)),
         ..Config::default()
     };
     lock_once(&config, async || {

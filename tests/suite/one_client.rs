@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use lockset::{Client, Guard, Lock, Options, QuorumConfig, Replication, Retry, SentinelConfig};
 
-use crate::support::RedisServer;
 #[cfg(feature = "cluster")]
 use crate::support::cluster::Cluster;
 use crate::support::sentinel::Failover;
+use crate::support::{RedisServer, ms};
 
 /// Where the locks live, as a service's configuration says it.
 enum Topology {
@@ -30,7 +30,8 @@ async fn client_for(topology: Topology) -> lockset::Result<Client> {
             for url in urls {
                 masters.push(Client::connect(&url).await?);
             }
-            Client::quorum(masters, QuorumConfig::default())?
+            // Generous for a loaded machine (see `redlock.rs`'s `config`).
+            Client::quorum(masters, QuorumConfig::default().node_timeout(ms(1_000)))?
         }
         #[cfg(feature = "cluster")]
         Topology::Cluster(urls) => Client::connect_cluster(urls).await?,

@@ -58,7 +58,9 @@ fn run_with(settings: &str) -> String {
     text
 }
 
-const LOCK: &str = "[lock]\nttl = \"5s\"\nretry = { backoff = \"none\" }\n";
+/// Generous timeouts (this suite runs hundreds of tests at once on two cores; the defaults,
+/// 500 ms for a reply, are a production server's), then the locks' settings.
+const LOCK: &str = "connect_timeout = \"5s\"\nresponse_timeout = \"5s\"\n[lock]\nttl = \"5s\"\nretry = { backoff = \"none\" }\n";
 
 #[test]
 fn on_one_server() {
@@ -71,7 +73,12 @@ fn on_one_server() {
 fn on_a_redlock_quorum() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = servers.iter().map(|s| format!("\"{}\"", s.url())).collect();
-    let text = run_with(&format!("redlock = [{}]\n{LOCK}", urls.join(", ")));
+    // A generous per-master limit: this suite runs hundreds of tests at once on two cores,
+    // where the default (5% of the 5 s TTL, 250 ms) timed a release out in CI.
+    let text = run_with(&format!(
+        "redlock = [{}]\nnode_timeout = \"1s\"\n{LOCK}",
+        urls.join(", ")
+    ));
     assert!(text.contains("topology: \"redlock\""), "{text}");
 }
 
@@ -84,7 +91,7 @@ async fn behind_sentinel() {
         .map(|url| format!("\"{url}\""))
         .collect();
     let settings = format!(
-        "connect_timeout = \"2s\"\nresponse_timeout = \"2s\"\n{LOCK}\n[sentinel]\nurls = [{}]\nmaster = \"{MASTER}\"\n",
+        "{LOCK}\n[sentinel]\nurls = [{}]\nmaster = \"{MASTER}\"\n",
         urls.join(", ")
     );
     let text = tokio::task::spawn_blocking(move || run_with(&settings))
