@@ -170,8 +170,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         accepting.await?;
         return Ok(());
     }
-    // Three requests for one report at once: one sends it, the others are told to wait;
-    // another report meanwhile is sent.
+    // Three requests for one report at once: at most one sends it, the others are told to
+    // try later (on a Redlock quorum, obtains racing without retries can split the masters'
+    // votes, and then none gets it); another report meanwhile is sent.
     let burst = ["/reports/42", "/reports/42", "/reports/42", "/reports/7"];
     let asking: Vec<_> = burst
         .iter()
