@@ -331,20 +331,22 @@ impl Config {
         };
         let client = match plan.topology {
             Topology::Single(url) => {
-                Client::connect_client(self.redis_client(url, &plan)?, dial).await?
+                let client = Client::connect_client(self.redis_client(url, &plan)?, dial).await?;
+                replicated(client, plan.replication).await?
             }
-            Topology::Redlock(urls) => self.redlock(urls, dial, &plan).await?,
-            Topology::Cluster(urls) => self.cluster(urls, &plan).await?,
-            Topology::Sentinel(settings) => return self.sentinel(settings, plan).await,
+            Topology::Redlock(urls) => {
+                replicated(self.redlock(urls, dial, &plan).await?, plan.replication).await?
+            }
+            Topology::Cluster(urls) => {
+                replicated(self.cluster(urls, &plan).await?, plan.replication).await?
+            }
+            // Its replication is part of the Sentinel configuration, applied on connecting.
+            Topology::Sentinel(settings) => self.sentinel(settings, plan).await?,
         };
-        let client = match self.release_events {
+        Ok(match self.release_events {
             true => client,
             false => client.without_release_events(),
-        };
-        match plan.replication {
-            Some(replication) => client.replicated(replication).await,
-            None => Ok(client),
-        }
+        })
     }
 
     /// Everything that can be checked before anything is sent (see [`Config::connect`]).
@@ -515,11 +517,7 @@ impl Config {
         if let Some(tls) = plan.tls {
             config = config.tls(tls);
         }
-        let client = Client::connect_sentinel(config).await?;
-        Ok(match self.release_events {
-            true => client,
-            false => client.without_release_events(),
-        })
+        Client::connect_sentinel(config).await
     }
 
     /// The TLS settings the files make, read now.
@@ -565,6 +563,14 @@ enum Topology<'a> {
     Redlock(&'a [String]),
     Cluster(&'a [String]),
     Sentinel(&'a SentinelSettings),
+}
+
+/// `client` with its lock writes waiting for `replication`, when given.
+async fn replicated(client: Client, replication: Option<Replication>) -> Result<Client> {
+    match replication {
+        Some(replication) => client.replicated(replication).await,
+        None => Ok(client),
+    }
 }
 
 fn config_error(reason: String) -> InvalidInput {
