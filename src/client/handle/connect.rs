@@ -133,7 +133,7 @@ impl Client {
 pub(crate) struct Dial {
     /// How long one connection attempt may take (redis-rs's default: 1 s).
     pub(crate) connect_timeout: Option<Duration>,
-    /// How long a reply may take (redis-rs's default: none).
+    /// How long a reply may take (redis-rs's default: 500 ms).
     pub(crate) response_timeout: Option<Duration>,
     /// How often the first connection is tried again (redis-rs's default: 6).
     pub(crate) retries: Option<usize>,
