@@ -72,30 +72,18 @@ impl Flat {
     fn into_retry(self) -> Result<Retry, String> {
         let name = self.backoff_name();
         let needs = |what: &str| format!("backoff = \"{name}\" needs `{what}`");
-        let extra = match self.backoff {
-            Kind::None | Kind::Intervals => [
-                ("interval", self.interval.is_some()),
-                ("min", self.min.is_some()),
-                ("max", self.max.is_some()),
-            ]
-            .into_iter()
-            .find(|(_, set)| *set),
-            Kind::Linear => [("min", self.min.is_some()), ("max", self.max.is_some())]
-                .into_iter()
-                .find(|(_, set)| *set),
-            Kind::Exponential => [("interval", self.interval.is_some())]
-                .into_iter()
-                .find(|(_, set)| *set),
-        }
-        .or_else(|| {
-            (self.backoff != Kind::Intervals && self.intervals.is_some())
-                .then_some(("intervals", true))
-        });
-        if let Some((field, _)) = extra {
-            return Err(format!(
-                "`{field}` does not go with backoff = \"{}\"",
-                self.backoff_name()
-            ));
+        // Each duration belongs to one kind of backoff; one given for another is a slip.
+        let given = [
+            ("interval", self.interval.is_some(), Kind::Linear),
+            ("min", self.min.is_some(), Kind::Exponential),
+            ("max", self.max.is_some(), Kind::Exponential),
+            ("intervals", self.intervals.is_some(), Kind::Intervals),
+        ];
+        if let Some((field, ..)) = given
+            .iter()
+            .find(|(_, set, kind)| *set && *kind != self.backoff)
+        {
+            return Err(format!("`{field}` does not go with backoff = \"{name}\""));
         }
         // A zero wait retries without a pause, hammering the server until the deadline:
         // in a file, more likely a slip than a wish.
