@@ -47,8 +47,8 @@
 -- before it wants the key in a mode that cannot share with it.
 --
 -- Replies, as the scripts for locks without modes give them:
---   obtain   {1, fence} | {0, pttl, i} | {0, pttl, i, 1} (queued) | {2, key} (another
---            type) | {3, i, stored mode}
+--   obtain   {1, fence} | {0, pttl, i} | {0, pttl, i, 1} (queued) | {0, pttl, i, queued,
+--            holder's metadata} (see held_reply) | {2, key} (another type) | {3, i, stored mode}
 --   pttl     smallest remaining ms | -1 no expiry | -2 another owner's | -3 missing
 --   refresh, release   1 done | 0 another owner's | 2 missing (nothing changed)
 local op, value, custom = ARGV[1], ARGV[3], ARGV[4] == '1'

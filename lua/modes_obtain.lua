@@ -14,16 +14,18 @@ for i = 1, count do
   writes = writes or modes[i] == 'x'
 end
 
--- Blocked by KEYS[i], held for PTTL more ms: a fair waiter queues (or renews its place).
-local function held(i, pttl)
+-- Blocked by KEYS[i], held for PTTL more ms (by the value `current`; nil for shares): a
+-- fair waiter queues (or renews its place).
+local function held(i, pttl, current)
   local keys = first_keys(count)
+  local queued = 0
   if fair and settle(queue_up, member, keys, value, ARGV[5], lease, id, turn, listen, i, ARGV[2]) then
-    return {0, pttl, i, 1}
+    queued = 1
   elseif fair then
     -- Out of reach (see settle): waits unqueued; what it queued so far goes.
     settle(dequeue, member, keys)
   end
-  return {0, pttl, i}
+  return held_reply(i, pttl, queued, current)
 end
 
 -- A held key: mark what blocks us as asked, and say for how long it is held.
@@ -31,7 +33,7 @@ local function held_string(i, current)
   if mark and not owned(current) then
     mark_value(KEYS[i], current)
   end
-  return held(i, redis.call('PTTL', KEYS[i]))
+  return held(i, redis.call('PTTL', KEYS[i]), current)
 end
 local function held_set(i, free_at)
   if mark then

@@ -23,7 +23,8 @@
 -- Reply: {1, fence}     every key is ours, with the new token as a decimal string (false
 --                      without fencing)
 --        {0, pttl, i}  KEYS[i] is held by another owner, for pttl more ms (-1: no expiry);
---                      {0, pttl, i, 1} when the waiter queued
+--                      {0, pttl, i, 1} when the waiter queued; {0, pttl, i, queued,
+--                      metadata} when the holder's value has metadata (see held_reply)
 --        {2, key}      key holds a value of the wrong type
 --        an error      any other error (a counter that is not an integer or not positive, OOM)
 -- Whenever the reply is not {1, ...}, nothing was changed (but for the waiter's mark, which
@@ -134,13 +135,14 @@ local function held_by_another(i, current)
   if mark_holder then
     mark_value(KEYS[i], current)
   end
+  local queued = 0
   if fair and settle(queue_up, member, lock_keys(), value, ttl, lease, id, turn, listen, i, nil) then
-    return {0, redis.call('PTTL', KEYS[i]), i, 1}
+    queued = 1
   elseif fair then
     -- Out of reach (see settle): waits unqueued; what it queued so far goes.
     settle(dequeue, member, lock_keys())
   end
-  return {0, redis.call('PTTL', KEYS[i]), i}
+  return held_reply(i, redis.call('PTTL', KEYS[i]), queued, current)
 end
 
 if all_free then

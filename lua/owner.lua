@@ -34,3 +34,32 @@ local function ours_to_mark(current)
   local len = tonumber(digits)
   return len ~= nil and len > 0 and #current >= #digits + 1 + len
 end
+
+-- The metadata in another owner's value `current`: what follows its tag, never the token
+-- itself; nil when there is none, or when the value was not written by this library.
+local function metadata_of(current)
+  local from = marked(current) and 2 or 1
+  local digits = string.match(current, '^%d+', from)
+  if not digits or tonumber(digits) == 0
+      or string.sub(current, from + #digits, from + #digits) ~= ':' then
+    return nil
+  end
+  local after = from + #digits + 1 + tonumber(digits)
+  if after > #current then
+    return nil
+  end
+  return string.sub(current, after)
+end
+
+-- The reply for KEYS[i], held by another owner for `pttl` more ms: {0, pttl, i}; with
+-- `queued` (1 when the waiter queued, else 0) and the holder's metadata after it when its
+-- value `current` (nil for a key of shares) has any, so that the refusal can say who holds.
+local function held_reply(i, pttl, queued, current)
+  local metadata = current and metadata_of(current)
+  if metadata then
+    return {0, pttl, i, queued, metadata}
+  elseif queued == 1 then
+    return {0, pttl, i, 1}
+  end
+  return {0, pttl, i}
+end

@@ -188,14 +188,14 @@ async fn obtains_count_by_outcome_with_their_attempts() {
 
     // Held: one attempt, not obtained.
     let err = env.client.obtain("busy", ms(10_000), &options).await;
-    assert!(matches!(err, Err(Error::NotObtained)), "{err:?}");
+    assert!(matches!(err, Err(Error::NotObtained { .. })), "{err:?}");
     // Held, two retries: three attempts, then the strategy gives up.
     let twice = options
         .clone()
         .retry(Retry::intervals([ms(5), ms(5)]))
         .fair(false);
     let err = env.client.obtain("busy", ms(10_000), &twice).await;
-    assert!(matches!(err, Err(Error::NotObtained)), "{err:?}");
+    assert!(matches!(err, Err(Error::NotObtained { .. })), "{err:?}");
     // Held until after the deadline.
     let patient = options
         .clone()
@@ -257,7 +257,7 @@ async fn a_lock_found_lost_counts_its_cause_and_ends_its_hold_once() {
     let lock = env.client.obtain("a", ms(10_000), &options).await.unwrap();
     env.cmd::<i64>(&["DEL", "a"]).await;
     let err = lock.refresh(ms(10_000), &Options::default()).await;
-    assert!(matches!(err, Err(Error::NotObtained)), "{err:?}");
+    assert!(matches!(err, Err(Error::NotHeld)), "{err:?}");
     // Its release finds nothing to release, and ends no second hold.
     assert!(lock.release().await.unwrap_err().is_not_held());
 
@@ -270,7 +270,7 @@ async fn a_lock_found_lost_counts_its_cause_and_ends_its_hold_once() {
     let lock = env.client.obtain("c", ms(30), &options).await.unwrap();
     tokio::time::sleep(ms(60)).await;
     let err = lock.refresh(ms(10_000), &Options::default()).await;
-    assert!(matches!(err, Err(Error::NotObtained)), "{err:?}");
+    assert!(matches!(err, Err(Error::NotHeld)), "{err:?}");
 
     let figures = family("lost");
     assert_eq!(
@@ -280,7 +280,7 @@ async fn a_lock_found_lost_counts_its_cause_and_ends_its_hold_once() {
             ("lockset_locks_lost_total{cause=refresh}", 1),
             ("lockset_locks_lost_total{cause=ttl}", 1),
             ("lockset_obtains_total{outcome=obtained}", 3),
-            ("lockset_refreshes_total{outcome=lost}", 2),
+            ("lockset_refreshes_total{outcome=not_held}", 2),
             ("lockset_releases_total{outcome=not_held}", 1),
         ]
     );
@@ -328,7 +328,7 @@ async fn the_watchdog_counts_its_refreshes_and_the_loss_it_finds() {
     assert_eq!(
         figures
             .counters
-            .get("lockset_refreshes_total{outcome=lost}"),
+            .get("lockset_refreshes_total{outcome=not_held}"),
         Some(&1),
         "{figures:?}"
     );

@@ -330,7 +330,8 @@ where
     ///
     /// # Errors
     ///
-    /// [`Error::NotObtained`] at once when the lock was lost (as bsm/redislock);
+    /// [`Error::NotHeld`] at once when the lock was lost (expired, deleted or taken over:
+    /// stop the work it protects);
     /// transient Redis errors are retried per `options`' retry strategy and deadline
     /// (by default the new TTL); [`Error::InvalidInput`] for a bad TTL.
     pub async fn refresh(&self, ttl: Duration, options: &Options) -> Result<()> {
@@ -349,7 +350,7 @@ where
             |_, _| async move {
                 match self.refresh_once(ttl, options.metadata.as_deref()).await {
                     Ok(true) => Step::Done(()),
-                    Ok(false) => Step::Stop(Error::NotObtained),
+                    Ok(false) => Step::Stop(Error::NotHeld),
                     Err(err) => Step::from_error(err),
                 }
             },
@@ -500,7 +501,7 @@ where
             .await;
         let op = || Op::Refresh(self.holding.meter());
         match &refreshed {
-            Ok(false) => finished(&span, op(), 1, start, &Err::<(), _>(Error::NotObtained)),
+            Ok(false) => finished(&span, op(), 1, start, &Err::<(), _>(Error::NotHeld)),
             done => finished(&span, op(), 1, start, done),
         }
         refreshed

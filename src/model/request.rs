@@ -149,7 +149,7 @@ impl OwnedClaim {
 
 /// What an obtain attempt learned about the lock's current holder: the server's answer and
 /// what the waiting policy acts on, one type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Held {
     /// The holder's remaining TTL, when known (`None`: unknown or no expiry).
     pub(crate) ttl: Option<Duration>,
@@ -157,6 +157,8 @@ pub(crate) struct Held {
     pub(crate) key: usize,
     /// The attempt has a place in the keys' queues (fair waiting).
     pub(crate) queued: bool,
+    /// The holder's metadata, when the server told it and there is any (never its token).
+    pub(crate) holder: Option<String>,
 }
 
 impl Held {
@@ -165,6 +167,7 @@ impl Held {
         ttl: None,
         key: 0,
         queued: false,
+        holder: None,
     };
 }
 

@@ -136,6 +136,14 @@ pub fn parse_value(value: &str) -> Option<(&str, &str)> {
     rest.split_at_checked(len)
 }
 
+/// The metadata of another owner's stored `value` (never its token), when there is any:
+/// what a refusal tells about who holds a key. The scripts' `metadata_of` (`lua/owner.lua`)
+/// reads the same.
+pub(crate) fn holder_metadata(value: &[u8]) -> Option<String> {
+    let (_, metadata) = parse_value(std::str::from_utf8(value).ok()?)?;
+    (!metadata.is_empty()).then(|| metadata.to_owned())
+}
+
 /// `value` without a waiter's mark.
 fn unmarked(value: &[u8]) -> &[u8] {
     value.strip_prefix(&[WAITER_MARK]).unwrap_or(value)

@@ -26,15 +26,63 @@ pub(crate) enum ObtainEnd {
     Error,
 }
 
+impl ObtainEnd {
+    /// Every end, in the order of their handles.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Self; 6] = [
+        Self::Obtained,
+        Self::NotObtained,
+        Self::Deadline,
+        Self::Unavailable,
+        Self::InvalidInput,
+        Self::Error,
+    ];
+
+    /// The word for this end, in the metrics' `outcome` label and the spans' `outcome` field.
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            Self::Obtained => "obtained",
+            Self::NotObtained => "not_obtained",
+            Self::Deadline => "deadline",
+            Self::Unavailable => "unavailable",
+            Self::InvalidInput => "invalid_input",
+            Self::Error => "error",
+        }
+    }
+}
+
 /// How a refresh ended (label `outcome` of `lockset_refreshes_total`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RefreshEnd {
     Refreshed,
-    /// The lock was found lost.
-    Lost,
+    /// The lock was found lost (`Error::is_not_held`).
+    NotHeld,
     Unavailable,
     InvalidInput,
     Error,
+}
+
+impl RefreshEnd {
+    /// Every end, in the order of their handles.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Self; 5] = [
+        Self::Refreshed,
+        Self::NotHeld,
+        Self::Unavailable,
+        Self::InvalidInput,
+        Self::Error,
+    ];
+
+    /// The word for this end, as [`ObtainEnd::word`].
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            Self::Refreshed => "refreshed",
+            Self::NotHeld => "not_held",
+            Self::Unavailable => "unavailable",
+            Self::InvalidInput => "invalid_input",
+            Self::Error => "error",
+        }
+    }
 }
 
 /// How a release ended (label `outcome` of `lockset_releases_total`).
@@ -44,6 +92,27 @@ pub(crate) enum ReleaseEnd {
     NotHeld,
     Unavailable,
     Error,
+}
+
+impl ReleaseEnd {
+    /// Every end, in the order of their handles.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    const ALL: [Self; 4] = [
+        Self::Released,
+        Self::NotHeld,
+        Self::Unavailable,
+        Self::Error,
+    ];
+
+    /// The word for this end, as [`ObtainEnd::word`].
+    pub(crate) fn word(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::NotHeld => "not_held",
+            Self::Unavailable => "unavailable",
+            Self::Error => "error",
+        }
+    }
 }
 
 /// Why a lock was found lost (label `cause` of `lockset_locks_lost_total`).
@@ -183,23 +252,13 @@ mod on {
             let histogram = |name: &'static str, extra: &[(&'static str, &'static str)]| {
                 ::metrics::histogram!(name, labels(extra))
             };
-            // In the order of `ObtainEnd`, `RefreshEnd` and `ReleaseEnd`.
-            let outcomes = [
-                "obtained",
-                "not_obtained",
-                "deadline",
-                "unavailable",
-                "invalid_input",
-                "error",
-            ];
+            let outcome = |word: &'static str| [("outcome", word)];
             Self {
-                obtains: outcomes.map(|o| counter(OBTAINS, &[("outcome", o)])),
-                obtain_wait: outcomes.map(|o| histogram(OBTAIN_WAIT, &[("outcome", o)])),
+                obtains: ObtainEnd::ALL.map(|end| counter(OBTAINS, &outcome(end.word()))),
+                obtain_wait: ObtainEnd::ALL.map(|end| histogram(OBTAIN_WAIT, &outcome(end.word()))),
                 attempts: histogram(OBTAIN_ATTEMPTS, &[]),
-                refreshes: ["refreshed", "lost", "unavailable", "invalid_input", "error"]
-                    .map(|o| counter(REFRESHES, &[("outcome", o)])),
-                releases: ["released", "not_held", "unavailable", "error"]
-                    .map(|o| counter(RELEASES, &[("outcome", o)])),
+                refreshes: RefreshEnd::ALL.map(|end| counter(REFRESHES, &outcome(end.word()))),
+                releases: ReleaseEnd::ALL.map(|end| counter(RELEASES, &outcome(end.word()))),
                 lost: ["refresh", "ttl", "expired"].map(|c| counter(LOST, &[("cause", c)])),
                 hold: ["released", "lost"].map(|e| histogram(HOLD, &[("end", e)])),
                 handoffs: counter(HANDOFFS, &[]),

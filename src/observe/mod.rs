@@ -52,6 +52,9 @@ pub struct RetryEvent<'a> {
     pub attempt: u32,
     /// Why it failed.
     pub blocked: Blocked<'a>,
+    /// Who holds the key of [`Blocked::Held`]: its metadata, when the server told it and
+    /// there is any (see [`Error::NotObtained`]).
+    pub holder: Option<&'a str>,
     /// How long the caller waits at most before the next attempt: the retry strategy's
     /// delay, cut to the deadline (a release event or the holder's expiry may end the wait
     /// sooner).
@@ -82,6 +85,7 @@ pub(crate) fn retrying(event: &RetryEvent<'_>, callback: Option<&OnRetry>) {
             target: "lockset::retry",
             attempt = event.attempt,
             held_key = %key,
+            holder = event.holder,
             holder_ttl_ms = ttl.map(millis),
             delay_ms,
             "held by another owner; retrying"
@@ -137,41 +141,37 @@ pub(crate) fn finished<T>(
     result: &Result<T, Error>,
 ) {
     let waited = started.elapsed();
-    match op {
+    // One word for how it ended, in the metrics' `outcome` label and the span's alike.
+    let word = match op {
         Op::Obtain(meter, progress) => {
-            meter.obtained(obtain_end(result), waited, attempts);
+            let end = obtain_end(result);
+            meter.obtained(end, waited, attempts);
             if let (Ok(_), Some(woken)) = (result, progress.woken_at) {
                 meter.handed_over(woken.elapsed());
             }
+            end.word()
         }
-        Op::Refresh(meter) => meter.refreshed(match result {
-            Ok(_) => meter::RefreshEnd::Refreshed,
-            Err(Error::NotObtained) => meter::RefreshEnd::Lost,
-            Err(err) => match failure(err) {
-                Failure::Unavailable => meter::RefreshEnd::Unavailable,
-                Failure::InvalidInput => meter::RefreshEnd::InvalidInput,
-                Failure::Other => meter::RefreshEnd::Error,
-            },
-        }),
-        Op::Release(meter) => meter.released(match result {
-            Ok(_) => meter::ReleaseEnd::Released,
-            Err(err) if err.is_not_held() => meter::ReleaseEnd::NotHeld,
-            Err(err) => match failure(err) {
-                Failure::Unavailable => meter::ReleaseEnd::Unavailable,
-                Failure::InvalidInput | Failure::Other => meter::ReleaseEnd::Error,
-            },
-        }),
-        Op::Ttl => {}
-    }
+        Op::Refresh(meter) => {
+            let end = refresh_end(result);
+            meter.refreshed(end);
+            end.word()
+        }
+        Op::Release(meter) => {
+            let end = release_end(result);
+            meter.released(end);
+            end.word()
+        }
+        Op::Ttl => ttl_word(result),
+    };
     if span.is_disabled() {
         return;
     }
     span.record("attempts", attempts);
     span.record("waited_ms", millis(waited));
-    span.record("outcome", outcome(result));
+    span.record("outcome", word);
 }
 
-/// How an obtain ended, for its metrics.
+/// How an obtain ended.
 fn obtain_end<T>(result: &Result<T, Error>) -> meter::ObtainEnd {
     match result {
         Ok(_) => meter::ObtainEnd::Obtained,
@@ -181,6 +181,44 @@ fn obtain_end<T>(result: &Result<T, Error>) -> meter::ObtainEnd {
             Failure::Unavailable => meter::ObtainEnd::Unavailable,
             Failure::InvalidInput => meter::ObtainEnd::InvalidInput,
             Failure::Other => meter::ObtainEnd::Error,
+        },
+    }
+}
+
+/// How a refresh ended.
+fn refresh_end<T>(result: &Result<T, Error>) -> meter::RefreshEnd {
+    match result {
+        Ok(_) => meter::RefreshEnd::Refreshed,
+        Err(err) if err.is_not_held() => meter::RefreshEnd::NotHeld,
+        Err(err) => match failure(err) {
+            Failure::Unavailable => meter::RefreshEnd::Unavailable,
+            Failure::InvalidInput => meter::RefreshEnd::InvalidInput,
+            Failure::Other => meter::RefreshEnd::Error,
+        },
+    }
+}
+
+/// How a release ended.
+fn release_end<T>(result: &Result<T, Error>) -> meter::ReleaseEnd {
+    match result {
+        Ok(_) => meter::ReleaseEnd::Released,
+        Err(err) if err.is_not_held() => meter::ReleaseEnd::NotHeld,
+        Err(err) => match failure(err) {
+            Failure::Unavailable => meter::ReleaseEnd::Unavailable,
+            Failure::InvalidInput | Failure::Other => meter::ReleaseEnd::Error,
+        },
+    }
+}
+
+/// How a TTL query ended, in the words of the others (it has no metric).
+fn ttl_word<T>(result: &Result<T, Error>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(err) if err.is_not_held() => "not_held",
+        Err(err) => match failure(err) {
+            Failure::Unavailable => "unavailable",
+            Failure::InvalidInput => "invalid_input",
+            Failure::Other => "error",
         },
     }
 }
@@ -250,22 +288,6 @@ pub(crate) fn lost(keys: &[String], holding: &HoldTimer, cause: meter::Lost) {
 /// A holding ended by a release (called once, when the release starts).
 pub(crate) fn ended(holding: &HoldTimer) {
     holding.ended(End::Released);
-}
-
-/// A short name for how an operation ended.
-fn outcome<T>(result: &Result<T, Error>) -> &'static str {
-    match result {
-        Ok(_) => "ok",
-        Err(Error::DeadlineExceeded) => "deadline_exceeded",
-        Err(err) if err.is_not_obtained() => "not_obtained",
-        Err(Error::NotHeld) => "not_held",
-        Err(Error::WrongType { .. }) => "wrong_type",
-        Err(err) => match failure(err) {
-            Failure::Unavailable => "unavailable",
-            Failure::InvalidInput => "invalid_input",
-            Failure::Other => "error",
-        },
-    }
 }
 
 /// Whole milliseconds, saturating.

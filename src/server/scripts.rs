@@ -325,7 +325,8 @@ pub(crate) const PUBLISH: &str = "PUBLISH";
 
 /// Reply of `obtain.lua` for success: `{OBTAINED, fence}`.
 pub(crate) const OBTAINED: i64 = 1;
-/// Reply of `obtain.lua` when another owner holds a key: `{HELD, pttl, index}`.
+/// Reply of `obtain.lua` when another owner holds a key: `{HELD, pttl, index}`, then
+/// 1 when the waiter queued (0 when not), then the holder's metadata when it has any.
 pub(crate) const HELD: i64 = 0;
 /// Reply of `obtain.lua` when a key holds a non-string value: `{WRONG_TYPE, key}`.
 pub(crate) const WRONG_TYPE: i64 = 2;

@@ -171,12 +171,12 @@ where
                 (err, held)
             }
             Step::Held(held) => {
-                waiter.held(held);
-                (Error::NotObtained, Some(held))
+                waiter.held(&held);
+                (watch.not_obtained(&held), Some(held))
             }
         };
         let now = Instant::now();
-        let queued_until = queued_until(waiter.queued_lease(), now, held);
+        let queued_until = queued_until(waiter.queued_lease(), now, held.as_ref());
         // A queued waiter may still have time it drew and did not sleep: banked, or the
         // delay a recheck took when that was the strategy's last.
         let unslept = std::mem::take(&mut rechecked);
@@ -210,6 +210,7 @@ where
         let mut wake = now.checked_add(delay);
         // Expiry publishes nothing: retry when the holder's lock runs out at the latest.
         if let Some(expiry) = held
+            .as_ref()
             .and_then(|h| h.ttl)
             .and_then(|ttl| now.checked_add(ttl))
         {
@@ -219,7 +220,7 @@ where
         // Woken by a release that had not reached a majority of a quorum yet: its later
         // announcements (or those already heard) are for this waiter. Tried again at most
         // once per master that announced it since the last try.
-        if let Some(held) = held
+        if let Some(held) = &held
             && woken
             && waiter.too_early()
         {
@@ -228,7 +229,7 @@ where
             continue;
         }
         // Confirming a subscription takes no longer than this waiter would sleep anyway.
-        if let Some(held) = held
+        if let Some(held) = &held
             && waiter.listen_to(held.key, until).await
         {
             if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
@@ -254,7 +255,7 @@ where
         let delay = until.map_or(delay, |until| {
             until.saturating_duration_since(Instant::now())
         });
-        watch.retrying(&failure, held, delay);
+        watch.retrying(&failure, held.as_ref(), delay);
         woken = waiter.wait(until).await;
         watch.progress.woke(woken);
         if !woken && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
@@ -288,12 +289,21 @@ impl<'a> Watch<'a> {
         }
     }
 
-    fn retrying(&mut self, failure: &Error, held: Option<Held>, delay: Duration) {
+    /// The error for an attempt that found the lock held as `held` says: which key, whose.
+    fn not_obtained(&self, held: &Held) -> Error {
+        Error::NotObtained {
+            key: self.keys.get(held.key).cloned().unwrap_or_default(),
+            holder: held.holder.clone(),
+            ttl_left: held.ttl,
+        }
+    }
+
+    fn retrying(&mut self, failure: &Error, held: Option<&Held>, delay: Duration) {
         self.progress.waits();
         let blocked = match held {
             // A quorum error waits as for a held lock (see `held_on_a_quorum`), but is
             // reported as the failure it is: a master failing is what an operator must see.
-            Some(held) if matches!(failure, Error::NotObtained) => Blocked::Held {
+            Some(held) if matches!(failure, Error::NotObtained { .. }) => Blocked::Held {
                 key: self.keys.get(held.key).map_or("", String::as_str),
                 ttl: held.ttl,
             },
@@ -302,6 +312,7 @@ impl<'a> Watch<'a> {
         let event = RetryEvent {
             attempt: self.attempts,
             blocked,
+            holder: held.and_then(|held| held.holder.as_deref()),
             delay,
         };
         retrying(&event, self.on_retry);
@@ -361,7 +372,7 @@ fn draw(backoff: &mut impl Iterator<Item = Duration>, first: Duration, want: Dur
 /// When a queued waiter that hears its hand-off (its lease `lease`) wakes at the latest,
 /// from `now`: to renew its lease, or when the holder's lock runs out (expiry hands
 /// nothing on).
-fn queued_until(lease: Option<Duration>, now: Instant, held: Option<Held>) -> Option<Instant> {
+fn queued_until(lease: Option<Duration>, now: Instant, held: Option<&Held>) -> Option<Instant> {
     let renew = now.checked_add(lease? / 3);
     let expiry = held
         .and_then(|h| h.ttl)
@@ -381,7 +392,7 @@ fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 /// "deadline passed"; any other failure is more telling as it is.
 fn at_deadline(failure: Error) -> Error {
     match failure {
-        Error::NotObtained => Error::DeadlineExceeded,
+        Error::NotObtained { .. } => Error::DeadlineExceeded,
         other => other,
     }
 }

@@ -185,7 +185,7 @@ impl<'a> Waiter<'a> {
     }
 
     /// An attempt found the lock held, and queued when `held.queued`.
-    pub(crate) fn held(&mut self, held: Held) {
+    pub(crate) fn held(&mut self, held: &Held) {
         self.queued |= held.queued;
     }
 

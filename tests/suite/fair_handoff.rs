@@ -261,7 +261,7 @@ async fn beliefs_never_overlap(keys: [&'static str; 3], lose_replies: bool) {
                 let obtained = if lose_replies && round.is_multiple_of(5) {
                     timeout(ms(20 + 10 * (round % 7)), obtaining)
                         .await
-                        .unwrap_or(Err(lockset::Error::NotObtained))
+                        .unwrap_or(Err(lockset::Error::DeadlineExceeded))
                 } else {
                     obtaining.await
                 };

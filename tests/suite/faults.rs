@@ -208,7 +208,7 @@ async fn a_server_restarted_empty_reports_every_lock_lost() {
     assert!(lock.lost_signal().is_lost());
     assert!(matches!(
         lock.refresh(ms(60_000), &patient()).await,
-        Err(Error::NotObtained)
+        Err(Error::NotHeld)
     ));
     assert!(matches!(lock.release().await, Err(Error::NotHeld)));
     assert_eq!(

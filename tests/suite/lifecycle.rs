@@ -30,7 +30,7 @@ async fn held_key_is_not_obtained_by_another() {
     let other = env.other_client().await;
     let _lock = env.client.obtain("job", ms(10_000), &opts()).await.unwrap();
     let err = other.obtain("job", ms(10_000), &opts()).await.unwrap_err();
-    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert!(matches!(err, Error::NotObtained { .. }), "{err:?}");
     assert!(err.is_not_obtained());
 }
 
@@ -190,13 +190,13 @@ async fn refresh_with_metadata_replaces_the_stored_metadata() {
         .refresh(ms(60_000), &opts().metadata("lost"))
         .await
         .unwrap_err();
-    assert!(err.is_not_obtained(), "{err:?}");
+    assert!(err.is_not_held(), "{err:?}");
     assert_eq!(env.get("a").await, Some(format!("!{tag}")));
     assert_eq!(lock.metadata(), "");
 }
 
 #[tokio::test]
-async fn refresh_of_an_expired_lock_is_not_obtained() {
+async fn refresh_of_an_expired_lock_is_not_held() {
     let env = Env::start().await;
     let lock = env.client.obtain("job", ms(10_000), &opts()).await.unwrap();
     // Expire it now rather than sleeping past its TTL.
@@ -205,7 +205,7 @@ async fn refresh_of_an_expired_lock_is_not_obtained() {
         tokio::task::yield_now().await;
     }
     let err = lock.refresh(ms(10_000), &opts()).await.unwrap_err();
-    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert!(matches!(err, Error::NotHeld), "{err:?}");
     assert!(
         !env.exists("job").await,
         "refresh must not recreate the key"
@@ -213,13 +213,13 @@ async fn refresh_of_an_expired_lock_is_not_obtained() {
 }
 
 #[tokio::test]
-async fn refresh_of_a_lock_taken_over_is_not_obtained() {
+async fn refresh_of_a_lock_taken_over_is_not_held() {
     let env = Env::start().await;
     let lock = env.client.obtain("job", ms(10_000), &opts()).await.unwrap();
     env.cmd::<i64>(&["DEL", "job"]).await;
     let _thief = env.client.obtain("job", ms(10_000), &opts()).await.unwrap();
     let err = lock.refresh(ms(60_000), &opts()).await.unwrap_err();
-    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert!(matches!(err, Error::NotHeld), "{err:?}");
     // What the server keeps, not the thief's view (which its own validity caps).
     let left: i64 = env.cmd(&["PTTL", "job"]).await;
     assert!(
@@ -243,7 +243,7 @@ async fn a_failed_refresh_of_a_multi_key_lock_extends_no_key() {
         .await
         .unwrap();
     let err = lock.refresh(ms(60_000), &opts()).await.unwrap_err();
-    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert!(matches!(err, Error::NotHeld), "{err:?}");
     for key in ["{j}:a", "{j}:b"] {
         let left: i64 = env.cmd(&["PTTL", key]).await;
         assert!(0 < left && left <= 10_000, "{key} was extended: {left} ms");
@@ -337,7 +337,7 @@ async fn a_lock_whose_key_became_a_hash_is_not_held() {
     assert_eq!(lock.ttl().await.unwrap(), None);
     assert!(matches!(
         lock.refresh(ms(10_000), &opts()).await,
-        Err(Error::NotObtained)
+        Err(Error::NotHeld)
     ));
     assert!(matches!(lock.release().await, Err(Error::NotHeld)));
     assert_eq!(env.cmd::<String>(&["TYPE", "job"]).await, "hash");
@@ -396,7 +396,7 @@ async fn clients_are_cheap_clones_sharing_one_connection() {
         .obtain("job", ms(10_000), &opts())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert!(matches!(err, Error::NotObtained { .. }), "{err:?}");
     assert_eq!(connections().await, before, "a clone opened a connection");
     lock.release().await.unwrap();
 }
@@ -414,7 +414,7 @@ async fn one_hundred_concurrent_obtainers_give_one_winner() {
     for task in tasks {
         match task.await.unwrap() {
             Ok(_) => winners += 1,
-            Err(err) => assert!(matches!(err, Error::NotObtained), "{err:?}"),
+            Err(err) => assert!(matches!(err, Error::NotObtained { .. }), "{err:?}"),
         }
     }
     assert_eq!(winners, 1);

@@ -17,6 +17,7 @@ mod config;
 mod connect;
 mod contention;
 mod edges;
+mod error_context;
 mod failover;
 mod failover_torture;
 mod fair;

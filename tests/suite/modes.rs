@@ -89,11 +89,17 @@ async fn readers_share_a_key_that_excludes_writers_until_the_last_reader_leaves(
     assert_eq!(first.modes(), vec![READ]);
     for client in [&env.client, &other] {
         let writer = client.obtain("doc", ms(10_000), &once()).await;
-        assert!(matches!(writer, Err(Error::NotObtained)), "{writer:?}");
+        assert!(
+            matches!(writer, Err(Error::NotObtained { .. })),
+            "{writer:?}"
+        );
     }
     first.release().await.unwrap();
     let writer = other.obtain("doc", ms(10_000), &once()).await;
-    assert!(matches!(writer, Err(Error::NotObtained)), "{writer:?}");
+    assert!(
+        matches!(writer, Err(Error::NotObtained { .. })),
+        "{writer:?}"
+    );
     second.release().await.unwrap();
     assert_eq!(
         env.dbsize().await,
@@ -104,7 +110,10 @@ async fn readers_share_a_key_that_excludes_writers_until_the_last_reader_leaves(
     let writer = env.client.obtain("doc", ms(10_000), &once()).await.unwrap();
     for mode in [READ, permits(2)] {
         let reader = other.obtain(("doc", mode), ms(10_000), &once()).await;
-        assert!(matches!(reader, Err(Error::NotObtained)), "{reader:?}");
+        assert!(
+            matches!(reader, Err(Error::NotObtained { .. })),
+            "{reader:?}"
+        );
     }
     // A writer's key stays today's plain value.
     let value = env.get("doc").await.unwrap();
@@ -138,7 +147,10 @@ async fn a_mixed_lock_takes_every_key_in_its_mode_or_none() {
     let blocked = other
         .obtain_multi([("catalog", READ), ("order", READ)], ms(10_000), &once())
         .await;
-    assert!(matches!(blocked, Err(Error::NotObtained)), "{blocked:?}");
+    assert!(
+        matches!(blocked, Err(Error::NotObtained { .. })),
+        "{blocked:?}"
+    );
     // The failed obtain left nothing: the catalog has two holders.
     let holders: i64 = env.cmd(&["ZCOUNT", "catalog", "(-inf", "+inf"]).await;
     assert_eq!(holders, 2);
@@ -146,7 +158,7 @@ async fn a_mixed_lock_takes_every_key_in_its_mode_or_none() {
     let third = other
         .obtain(("exports", permits(2)), ms(10_000), &once())
         .await;
-    assert!(matches!(third, Err(Error::NotObtained)), "{third:?}");
+    assert!(matches!(third, Err(Error::NotObtained { .. })), "{third:?}");
 
     lock.refresh(ms(20_000), &Options::default()).await.unwrap();
     let left = lock.ttl().await.unwrap().unwrap();
@@ -539,7 +551,7 @@ async fn a_waiting_writer_keeps_new_readers_out() {
     let writer = spawn_waiter(&other, "doc", WRITE, slow_polling());
     writer_waits(&env).await;
     let late = env.client.obtain(("doc", READ), ms(60_000), &once()).await;
-    assert!(matches!(late, Err(Error::NotObtained)), "{late:?}");
+    assert!(matches!(late, Err(Error::NotObtained { .. })), "{late:?}");
     // The reader's release wakes the writer (it polls once a minute).
     let released = Instant::now();
     reader.release().await.unwrap();
@@ -702,10 +714,7 @@ async fn a_lost_share_is_not_held() {
     env.cmd::<i64>(&["ZREM", "doc", &value]).await;
     assert_eq!(lock.ttl().await.unwrap(), None);
     let refreshed = lock.refresh(ms(10_000), &Options::default()).await;
-    assert!(
-        matches!(refreshed, Err(Error::NotObtained)),
-        "{refreshed:?}"
-    );
+    assert!(matches!(refreshed, Err(Error::NotHeld)), "{refreshed:?}");
     let released = lock.release().await;
     assert!(matches!(released, Err(Error::NotHeld)), "{released:?}");
 }
@@ -747,13 +756,19 @@ async fn a_plain_lock_on_a_shared_key_waits_like_any_writer() {
         .await
         .unwrap();
     let blocked = env.client.obtain("doc", ms(10_000), &once()).await;
-    assert!(matches!(blocked, Err(Error::NotObtained)), "{blocked:?}");
+    assert!(
+        matches!(blocked, Err(Error::NotObtained { .. })),
+        "{blocked:?}"
+    );
     // A plain multi-key lock too, and it leaves nothing behind.
     let blocked = env
         .client
         .obtain_multi(["free", "doc"], ms(10_000), &once())
         .await;
-    assert!(matches!(blocked, Err(Error::NotObtained)), "{blocked:?}");
+    assert!(
+        matches!(blocked, Err(Error::NotObtained { .. })),
+        "{blocked:?}"
+    );
     assert!(!env.exists("free").await);
     drop(reader);
     // Once the reader's TTL ran out, the writer gets the key.
@@ -1070,7 +1085,7 @@ async fn a_writers_mark_keeps_out_locks_that_write_nothing_in_any_mode() {
     for mode in [READ, permits(2)] {
         let blocked = env.client.obtain(("doc", mode), ms(10_000), &once()).await;
         assert!(
-            matches!(blocked, Err(Error::NotObtained)),
+            matches!(blocked, Err(Error::NotObtained { .. })),
             "{mode}: {blocked:?}"
         );
     }

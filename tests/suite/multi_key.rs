@@ -39,7 +39,7 @@ async fn one_held_key_fails_the_whole_set_and_touches_nothing() {
         .obtain_multi(["a", "b", "c"], ms(10_000), &opts())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert!(matches!(err, Error::NotObtained { .. }), "{err:?}");
     assert!(!env.exists("a").await && !env.exists("c").await);
 }
 
@@ -88,7 +88,7 @@ async fn losing_one_key_loses_the_lock_and_release_keeps_the_rest() {
     env.cmd::<i64>(&["DEL", "b"]).await;
     assert_eq!(lock.ttl().await.unwrap(), None);
     let err = lock.refresh(ms(60_000), &opts()).await.unwrap_err();
-    assert!(matches!(err, Error::NotObtained), "{err:?}");
+    assert!(matches!(err, Error::NotHeld), "{err:?}");
     let a_ttl: i64 = env.cmd(&["PTTL", "a"]).await;
     assert!(
         a_ttl <= 10_000,

@@ -284,7 +284,7 @@ async fn refresh_reports_loss_when_the_majority_is_gone() {
         .refresh(ms(30_000), &Options::default())
         .await
         .unwrap_err();
-    assert!(err.is_not_obtained(), "{err:?}");
+    assert!(err.is_not_held(), "{err:?}");
     assert_eq!(lock.ttl().await.unwrap(), None);
 }
 

@@ -224,7 +224,7 @@ where
             tokio::time::timeout(left, self.guard.refresh(self.ttl, &Options::default())).await;
         match refreshed {
             Ok(Ok(())) => {}
-            Ok(Err(err)) if err.is_not_obtained() => return false,
+            Ok(Err(err)) if err.is_not_held() => return false,
             Ok(Err(err)) => {
                 tracing::warn!(target: crate::ui::LOG, %err, "refresh after a stop failed")
             }

@@ -70,7 +70,7 @@ where
     }
     match lock.refresh(args.ttl, &options).await {
         Ok(()) => Ok(0),
-        Err(err) if err.is_not_obtained() => Err(not_held("it expired or was taken over")),
+        Err(err) if err.is_not_held() => Err(not_held("it expired or was taken over")),
         Err(err) => Err(Failure::from_error(&err)),
     }
 }

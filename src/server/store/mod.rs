@@ -23,12 +23,13 @@ use crate::error::classify;
 use crate::error::{Error, Result};
 use crate::model::mode::{Mode, Modes};
 use crate::model::request::{Claim, Held, IfHeld, Ticket};
+use crate::model::value::holder_metadata;
 use crate::server::native::{self, Natives};
 use crate::server::replication::{Acks, Address, Promotable, Replicas, Replicated, Replication};
 use crate::server::scripts::{self, Lua};
 
 /// What one obtain attempt found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Obtain {
     /// Every key is ours; with the fencing token minted, when one was asked for.
     Obtained { fence: Option<u64> },
@@ -188,7 +189,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             }
         };
         let (outcome, acks) = written?;
-        if let (Obtain::Obtained { .. }, Some(acks)) = (outcome, acks) {
+        if let (Obtain::Obtained { .. }, Some(acks)) = (&outcome, acks) {
             Box::pin(self.keep_if_replicated(claim, acks)).await?;
         }
         if matches!(outcome, Obtain::Obtained { .. })

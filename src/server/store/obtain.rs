@@ -19,10 +19,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         {
             match outcome {
                 Obtain::Held(_) if how.mark_holder => {}
-                Obtain::Held(_) if how.holder_ttl => {
+                Obtain::Held(held) if how.holder_ttl => {
                     let held = Obtain::Held(Held {
                         ttl: self.key_ttl(key).await?,
-                        ..Held::UNKNOWN
+                        ..held
                     });
                     return Ok((held, acks));
                 }
@@ -99,7 +99,13 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
             Ok((None, acks)) => Ok(Some((Obtain::Obtained { fence: None }, acks))),
             // Held by ourselves: re-obtain by script, which also keeps the longer TTL.
             Ok((Some(holder), _)) if claim.owner.owns(&holder) => Ok(None),
-            Ok((Some(_), acks)) => Ok(Some((Obtain::Held(Held::UNKNOWN), acks))),
+            Ok((Some(holder), acks)) => {
+                let held = Held {
+                    holder: holder_metadata(&holder),
+                    ..Held::UNKNOWN
+                };
+                Ok(Some((Obtain::Held(held), acks)))
+            }
             Err(err) if err.code() == Some("WRONGTYPE") => Err(Error::WrongType {
                 key: key.to_owned(),
             }),
@@ -198,14 +204,20 @@ pub(super) fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
             Value::Int(scripts::HELD),
             Value::Int(ms),
             Value::Int(index),
-            queued @ ..,
+            rest @ ..,
         ] => {
             Ok(Obtain::Held(Held {
                 ttl: u64::try_from(*ms).ok().map(Duration::from_millis),
                 // Lua counts from 1.
                 key: usize::try_from(*index - 1).unwrap_or(0),
-                // A fourth element: the attempt queued.
-                queued: !queued.is_empty(),
+                // A fourth element: 1 when the attempt queued; a fifth: the holder's metadata.
+                queued: matches!(rest.first(), Some(Value::Int(1))),
+                holder: match rest.get(1) {
+                    Some(Value::BulkString(metadata)) => {
+                        Some(String::from_utf8_lossy(metadata).into_owned())
+                    }
+                    _ => None,
+                },
             }))
         }
         [Value::Int(scripts::WRONG_TYPE), key] => Err(Error::WrongType {

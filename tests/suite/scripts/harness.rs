@@ -156,7 +156,7 @@ fn obtained(
             locks.insert(token, lock);
             if fenced { Reply::Fence } else { Reply::Done }
         }
-        Err(Error::NotObtained | Error::DeadlineExceeded) => Reply::Held,
+        Err(Error::NotObtained { .. } | Error::DeadlineExceeded) => Reply::Held,
         Err(Error::ModeMismatch { .. }) => Reply::Mismatch,
         Err(Error::WrongType { .. }) => Reply::WrongType,
         Err(err) => Reply::Failed(err.to_string()),
@@ -166,7 +166,7 @@ fn obtained(
 fn done(outcome: lockset::Result<()>) -> Reply {
     match outcome {
         Ok(()) => Reply::Done,
-        Err(Error::NotHeld | Error::NotObtained) => Reply::NotHeld,
+        Err(Error::NotHeld) => Reply::NotHeld,
         Err(err) => Reply::Failed(err.to_string()),
     }
 }
