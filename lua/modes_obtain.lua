@@ -60,8 +60,11 @@ for i = 1, count do
     plans[i] = 'new'
   elseif what == 'string' then
     local current = redis.call('GET', key)
-    if mode ~= 'x' or not owned(current) then
+    if not owned(current) then
       return held_string(i, current)
+    elseif mode ~= 'x' then
+      -- Ours, exclusively: a token holds a key in one mode, and would wait for itself.
+      return {3, i, 'x'}
     end
     plans[i] = {current = current}
   elseif own then
@@ -73,7 +76,9 @@ for i = 1, count do
       return held_set(i, writer)
     elseif verdict == 'full' then
       return held_set(i, earliest(key))
-    elseif verdict == 'other' and mode ~= 'x' then
+    elseif verdict == 'other' and (mode ~= 'x' or own_member(key)) then
+      -- Never going with ours; or ours, in another mode (a token holds a key in one mode,
+      -- and would wait for itself).
       return {3, i, string.sub(stored, 2)}
     elseif verdict == 'other' then
       local _, last = latest(key)

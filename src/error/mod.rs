@@ -96,7 +96,9 @@ pub enum Error {
 
     /// A key is held in a mode that cannot go with the one asked for, and never will: it is
     /// shared and a permit was asked for, or the other way round, or its holders hold
-    /// permits under another limit. Nothing was changed. (A key held exclusively, or in the
+    /// permits under another limit; or the token asking ([`Options::token`](crate::Options::token))
+    /// holds it itself in another mode (a read lock is not upgraded to a write lock, nor the
+    /// other way: release it first; waiting would wait for itself). Nothing was changed. (A key held exclusively, or in the
     /// other of two compatible modes, is simply held: [`Error::NotObtained`].) A Redlock
     /// obtain ends with this when the masters that hold a key in another mode are too many
     /// for its quorum to be reached; on fewer masters, a mismatch counts as that master

@@ -1095,3 +1095,39 @@ async fn a_writers_mark_keeps_out_locks_that_write_nothing_in_any_mode() {
         .await;
     writes.unwrap().release().await.unwrap();
 }
+
+/// A token that holds a key in one mode and asks for it in another (a read lock upgraded to
+/// a write lock by token, or the other way) would wait for itself until its own TTL: it is
+/// told at once that the key is held in the other mode, and nothing changes.
+#[tokio::test]
+async fn a_token_asking_for_its_own_key_in_another_mode_is_told_so_at_once() {
+    let env = Env::start().await;
+    let options = Options::default()
+        .token("job-7")
+        .retry(Retry::linear(ms(20)))
+        .timeout(ms(3_000));
+    for (held, asked) in [(READ, WRITE), (WRITE, READ)] {
+        let lock = env
+            .client
+            .obtain(("doc", held), ms(10_000), &options)
+            .await
+            .unwrap();
+        let start = Instant::now();
+        let err = env
+            .client
+            .obtain(("doc", asked), ms(10_000), &options)
+            .await
+            .unwrap_err();
+        assert!(start.elapsed() < ms(1_000), "{:?}", start.elapsed());
+        assert!(
+            matches!(&err, Error::ModeMismatch { key, held: h, requested: r }
+                if key == "doc" && *h == held && *r == asked),
+            "{held:?} → {asked:?}: {err:?}"
+        );
+        assert!(!err.is_not_obtained(), "{err:?}");
+        // The lock is as it was.
+        assert!(lock.ttl().await.unwrap().is_some());
+        lock.release().await.unwrap();
+        assert_eq!(env.dbsize().await, 0);
+    }
+}
