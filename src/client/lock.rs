@@ -196,6 +196,10 @@ where
 
     /// The metadata stored with the lock: as obtained, or as the last successful refresh
     /// that changed it ([`Options::metadata`]) left it.
+    ///
+    /// A copy, unlike [`Lock::key`]'s `&str`: a refresh through another reference to this
+    /// lock (a guard's watchdog, a task sharing it) may replace the metadata meanwhile, so
+    /// no borrow of it could be handed out.
     pub fn metadata(&self) -> String {
         self.stored_metadata().clone()
     }

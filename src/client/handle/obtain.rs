@@ -160,6 +160,11 @@ where
     /// Obtains `keys`, runs `work` while a watchdog keeps the lock alive, then releases the
     /// lock and returns `work`'s output.
     ///
+    /// `keys` is a collection, as for [`Client::obtain_multi`]: one key is `["job"]`. (A
+    /// bare `"job"` cannot be taken beside every iterator of keys: Rust's coherence rules
+    /// forbid a second implementation for `&str`, which the standard library could one day
+    /// make an iterator.)
+    ///
     /// See the guide: [long work and validity](crate::guide::long_work).
     ///
     /// `work` receives the lock's [`LostSignal`]; select on it to stop when the lock is lost.
