@@ -35,8 +35,13 @@ local function ours_to_mark(current)
   return len ~= nil and len > 0 and #current >= #digits + 1 + len
 end
 
+-- At most this many bytes of a holder's metadata go back to a refused caller (it may be up
+-- to 64 KiB, and a waiter may be refused often): HOLDER_SHOWN in src/model/value.rs.
+local HOLDER_SHOWN = 256
+
 -- The metadata in another owner's value `current`: what follows its tag, never the token
--- itself; nil when there is none, or when the value was not written by this library.
+-- itself, up to HOLDER_SHOWN bytes; nil when there is none, or when the value was not
+-- written by this library.
 local function metadata_of(current)
   local from = marked(current) and 2 or 1
   local digits = string.match(current, '^%d+', from)
@@ -48,7 +53,7 @@ local function metadata_of(current)
   if after > #current then
     return nil
   end
-  return string.sub(current, after)
+  return string.sub(current, after, after + HOLDER_SHOWN - 1)
 end
 
 -- The reply for KEYS[i], held by another owner for `pttl` more ms: {0, pttl, i}; with

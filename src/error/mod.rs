@@ -41,7 +41,8 @@ pub enum Error {
         key: String,
         /// The holder's metadata ([`Options::metadata`](crate::Options::metadata)), when
         /// it has any and the server told it: it does unless the key is held in shares
-        /// ([`Mode::Shared`], permits), which have no single holder. Never its token.
+        /// ([`Mode::Shared`], permits), which have no single holder. Its first 256 bytes,
+        /// never its token.
         holder: Option<String>,
         /// What was left of the holder's TTL on the key, when the server told it (an obtain
         /// that waits learns it; one that gives up at its first refusal on a single key

@@ -136,12 +136,24 @@ pub fn parse_value(value: &str) -> Option<(&str, &str)> {
     rest.split_at_checked(len)
 }
 
+/// How much of a holder's metadata a refusal shows, in bytes: metadata may be up to
+/// [`MAX_METADATA`](crate::MAX_METADATA), and a waiter may be refused often. The scripts
+/// send no more (`HOLDER_SHOWN` in `lua/owner.lua`).
+pub(crate) const HOLDER_SHOWN: usize = 256;
+
 /// The metadata of another owner's stored `value` (never its token), when there is any:
 /// what a refusal tells about who holds a key. The scripts' `metadata_of` (`lua/owner.lua`)
 /// reads the same.
 pub(crate) fn holder_metadata(value: &[u8]) -> Option<String> {
     let (_, metadata) = parse_value(std::str::from_utf8(value).ok()?)?;
-    (!metadata.is_empty()).then(|| metadata.to_owned())
+    (!metadata.is_empty()).then(|| shown_metadata(metadata.as_bytes()))
+}
+
+/// A holder's metadata as a refusal shows it: its first [`HOLDER_SHOWN`] bytes, where a
+/// character cut at the end is replaced.
+pub(crate) fn shown_metadata(metadata: &[u8]) -> String {
+    let metadata = &metadata[..metadata.len().min(HOLDER_SHOWN)];
+    String::from_utf8_lossy(metadata).into_owned()
 }
 
 /// `value` without a waiter's mark.
@@ -151,6 +163,14 @@ fn unmarked(value: &[u8]) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
+    /// The scripts send no more of a holder's metadata than a refusal shows.
+    #[test]
+    fn the_scripts_cap_a_holders_metadata_as_a_refusal_shows_it() {
+        let owner = include_str!("../../lua/owner.lua");
+        let cap = format!("local HOLDER_SHOWN = {HOLDER_SHOWN}");
+        assert!(owner.contains(&cap), "lua/owner.lua lacks `{cap}`");
+    }
+
     use super::*;
 
     #[test]

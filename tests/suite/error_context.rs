@@ -221,3 +221,30 @@ async fn a_redlock_refresh_of_a_lock_gone_from_a_majority_is_not_held() {
     assert!(start.elapsed() < ms(2_000), "{:?}", start.elapsed());
     assert!(err.is_not_held() && !err.is_not_obtained(), "{err:?}");
 }
+
+#[tokio::test]
+async fn a_refusal_shows_the_first_256_bytes_of_long_metadata() {
+    let env = Env::start().await;
+    let long = "é".repeat(600); // 1,200 bytes, two per character
+    let lock = env
+        .client
+        .obtain("job", ms(5_000), &Options::default().metadata(&long))
+        .await
+        .unwrap();
+    let other = env.other_client().await;
+    for keys in [vec!["job"], vec!["free", "job"]] {
+        let err = other
+            .obtain_multi(keys.clone(), ms(5_000), &Options::default())
+            .await
+            .unwrap_err();
+        let Error::NotObtained { holder, .. } = &err else {
+            panic!("{keys:?}: {err:?}");
+        };
+        assert_eq!(
+            holder.as_deref(),
+            Some("é".repeat(128).as_str()),
+            "{keys:?}"
+        );
+    }
+    lock.release().await.unwrap();
+}

@@ -23,7 +23,7 @@ use crate::error::classify;
 use crate::error::{Error, Result};
 use crate::model::mode::{Mode, Modes};
 use crate::model::request::{Claim, Held, IfHeld, Ticket};
-use crate::model::value::holder_metadata;
+use crate::model::value::{holder_metadata, shown_metadata};
 use crate::server::native::{self, Natives};
 use crate::server::replication::{Acks, Address, Promotable, Replicas, Replicated, Replication};
 use crate::server::scripts::{self, Lua};

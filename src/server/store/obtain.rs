@@ -213,9 +213,7 @@ pub(super) fn parse_obtain_reply(reply: Value) -> Result<Obtain> {
                 // A fourth element: 1 when the attempt queued; a fifth: the holder's metadata.
                 queued: matches!(rest.first(), Some(Value::Int(1))),
                 holder: match rest.get(1) {
-                    Some(Value::BulkString(metadata)) => {
-                        Some(String::from_utf8_lossy(metadata).into_owned())
-                    }
+                    Some(Value::BulkString(metadata)) => Some(shown_metadata(metadata)),
                     _ => None,
                 },
             }))
