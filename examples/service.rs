@@ -86,6 +86,8 @@ impl Service {
 /// The status for an error: somebody else has it, Redis is down, or something to fix.
 fn refusal(err: &Error) -> (u16, String) {
     if err.is_not_obtained() {
+        // The message names the key's holder by its metadata: fine inside a company; a
+        // public service would keep that to its logs.
         (409, format!("busy, try later: {err}\n"))
     } else if err.is_unavailable() {
         (503, format!("Redis unavailable: {err}\n"))

@@ -157,8 +157,8 @@ impl Options {
     }
 
     /// Calls `callback` before each retry of an obtain or refresh, with the attempt that
-    /// failed, what blocked it (the held key and its holder's remaining TTL, or the error)
-    /// and the longest the caller will wait: for metrics without `tracing`. It runs on the
+    /// failed, what blocked it (the held key and its holder's remaining TTL, or the error),
+    /// the holder's metadata when the server told it, and the longest the caller will wait: for metrics without `tracing`. It runs on the
     /// caller's task, so keep it short. The same is logged as a `lockset::retry` debug event.
     ///
     /// See the guide: [observing](crate::guide::observing).

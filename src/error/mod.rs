@@ -44,9 +44,10 @@ pub enum Error {
         /// ([`Mode::Shared`], permits), which have no single holder. Its first 256 bytes,
         /// never its token.
         holder: Option<String>,
-        /// What was left of the holder's TTL on the key, when the server told it (an obtain
-        /// that waits learns it; one that gives up at its first refusal on a single key
-        /// does not ask).
+        /// What was left of the holder's TTL on the key (for shares: until the key frees),
+        /// when the server told it: every scripted refusal does; a single key refused by
+        /// `SET … NX GET` on a client with release events does not ask (see the guide's
+        /// [errors](crate::guide::errors)).
         ttl_left: Option<Duration>,
     },
 
@@ -99,7 +100,9 @@ pub enum Error {
     /// shared and a permit was asked for, or the other way round, or its holders hold
     /// permits under another limit; or the token asking ([`Options::token`](crate::Options::token))
     /// holds it itself in another mode (a read lock is not upgraded to a write lock, nor the
-    /// other way: release it first; waiting would wait for itself). Nothing was changed. (A key held exclusively, or in the
+    /// other way: release it first; waiting would wait for itself). That includes a hold
+    /// left by a process that crashed with the same token: it is reported at once, not
+    /// waited out; it expires with its TTL. Nothing was changed. (A key held exclusively, or in the
     /// other of two compatible modes, is simply held: [`Error::NotObtained`].) A Redlock
     /// obtain ends with this when the masters that hold a key in another mode are too many
     /// for its quorum to be reached; on fewer masters, a mismatch counts as that master
@@ -156,9 +159,11 @@ pub enum Error {
     /// [`Client::quorum`](crate::Client::quorum)).
     ///
     /// When some master refused (the lock is another owner's there, or not ours),
-    /// [`Error::is_not_obtained`] is true for an obtain or refresh and [`Error::is_not_held`]
-    /// for a release or TTL query. When masters only failed or timed out,
-    /// [`Error::is_unavailable`] is true instead: nothing is known about the lock.
+    /// [`Error::is_not_obtained`] is true for an obtain and [`Error::is_not_held`] for a
+    /// release or TTL query. When masters only failed or timed out, or a refresh was refused
+    /// by too few to decide, [`Error::is_unavailable`] is true instead: nothing is known
+    /// about the lock. A majority that agreed too late (`expired`) is not obtained for an
+    /// obtain and not held for a refresh.
     #[error("{op}: {succeeded} of {nodes} masters agreed, {needed} needed{}: {}",
         if *expired { " but the validity ran out" } else { "" },
         describe(failures))]
@@ -349,6 +354,7 @@ fn holder_text(holder: &Option<String>) -> String {
 /// For how long a refused key is held, for [`Error::NotObtained`]'s message.
 fn left_text(left: Option<Duration>) -> String {
     match left {
+        Some(left) if left < Duration::from_secs(1) => format!(" ({}ms left)", left.as_millis()),
         Some(left) => format!(" ({:.1}s left)", left.as_secs_f64()),
         None => String::new(),
     }
@@ -365,7 +371,7 @@ fn describe(failures: &[(usize, NodeFailure)]) -> String {
 impl Error {
     /// True when the lock was not obtained because somebody else holds it, whether the
     /// retry strategy or the deadline ended the wait; on a quorum, when some master refused
-    /// an obtain or refresh, or a majority agreed too late (the validity ran out).
+    /// an obtain, or its majority agreed too late (the validity ran out).
     pub fn is_not_obtained(&self) -> bool {
         match self {
             Self::NotObtained { .. } | Self::DeadlineExceeded => true,
@@ -385,17 +391,17 @@ impl Error {
     }
 
     /// True when the lock is no longer ours ([`Error::NotHeld`]); on a quorum, when some
-    /// master refused a refresh, release or TTL query, or a refresh's majority agreed too
-    /// late (the validity ran out).
+    /// master refused a release or TTL query, or a refresh's majority agreed too late (the
+    /// validity ran out). (A refresh that enough masters refuse is [`Error::NotHeld`]; one
+    /// that a few refuse while others fail decides nothing: [`Error::is_unavailable`].)
     pub fn is_not_held(&self) -> bool {
         match self {
             Self::NotHeld => true,
             Self::Quorum {
                 op: QuorumOp::Refresh,
-                failures,
                 expired,
                 ..
-            } => refused(failures) || *expired,
+            } => *expired,
             Self::Quorum { op, failures, .. } => {
                 matches!(op, QuorumOp::Release | QuorumOp::Ttl) && refused(failures)
             }
@@ -407,15 +413,23 @@ impl Error {
     /// a timeout, an unknown outcome, a server that is not the primary any more or not
     /// ready (`READONLY`, `LOADING`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`: a failover or
     /// restart is under way), too few replicas that acknowledged a write, or a quorum that
-    /// missed its majority only because masters failed or timed out (none refused, and not
-    /// for lack of time). Nothing is known about the lock then.
+    /// missed its majority because masters failed or timed out (for a refresh, also when a
+    /// few refused: too few to decide), not for lack of time. Nothing is known about the
+    /// lock then.
     pub fn is_unavailable(&self) -> bool {
         match self {
             Self::UnknownOutcome(_) | Self::NotReplicated { .. } => true,
             Self::Redis(err) => is_unreachable(err) || is_changing_over(err),
             Self::Quorum {
-                failures, expired, ..
-            } => !refused(failures) && !expired && !self.is_scripts_refused(),
+                op,
+                failures,
+                expired,
+                ..
+            } => {
+                (*op == QuorumOp::Refresh || !refused(failures))
+                    && !expired
+                    && !self.is_scripts_refused()
+            }
             _ => false,
         }
     }
@@ -529,7 +543,35 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {
-    use super::redact;
+    use std::time::Duration;
+
+    use super::{Error, redact};
+
+    #[test]
+    fn a_refusal_says_which_key_whose_and_how_long() {
+        let refusal = |holder: Option<&str>, ms: Option<u64>| Error::NotObtained {
+            key: "job2".into(),
+            holder: holder.map(str::to_owned),
+            ttl_left: ms.map(Duration::from_millis),
+        };
+        let cases = [
+            (
+                refusal(Some("vm:17548"), Some(4_500)),
+                r#"lock not obtained: "job2" is held by "vm:17548" (4.5s left)"#,
+            ),
+            (
+                refusal(None, Some(40)),
+                r#"lock not obtained: "job2" is held by another owner (40ms left)"#,
+            ),
+            (
+                refusal(None, None),
+                r#"lock not obtained: "job2" is held by another owner"#,
+            ),
+        ];
+        for (err, text) in cases {
+            assert_eq!(err.to_string(), text);
+        }
+    }
 
     #[test]
     fn quoted_lock_values_are_redacted_with_the_code_kept() {

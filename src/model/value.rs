@@ -142,15 +142,26 @@ pub fn parse_value(value: &str) -> Option<(&str, &str)> {
 pub(crate) const HOLDER_SHOWN: usize = 256;
 
 /// The metadata of another owner's stored `value` (never its token), when there is any:
-/// what a refusal tells about who holds a key. The scripts' `metadata_of` (`lua/owner.lua`)
-/// reads the same.
+/// what a refusal tells about who holds a key. Read byte by byte as [`parse_value`] reads
+/// text, so that it agrees with the scripts' `metadata_of` (`lua/owner.lua`) on every value,
+/// also one that is not UTF-8.
 pub(crate) fn holder_metadata(value: &[u8]) -> Option<String> {
-    let (_, metadata) = parse_value(std::str::from_utf8(value).ok()?)?;
-    (!metadata.is_empty()).then(|| shown_metadata(metadata.as_bytes()))
+    let value = unmarked(value);
+    let colon = value.iter().position(|&b| b == b':')?;
+    let digits = &value[..colon];
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let len: usize = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    if len == 0 {
+        return None;
+    }
+    let metadata = value.get(colon.checked_add(1)?.checked_add(len)?..)?;
+    (!metadata.is_empty()).then(|| shown_metadata(metadata))
 }
 
-/// A holder's metadata as a refusal shows it: its first [`HOLDER_SHOWN`] bytes, where a
-/// character cut at the end is replaced.
+/// A holder's metadata as a refusal shows it: its first [`HOLDER_SHOWN`] bytes, made valid
+/// UTF-8 (a character cut at the end, or any byte that is not UTF-8, is replaced).
 pub(crate) fn shown_metadata(metadata: &[u8]) -> String {
     let metadata = &metadata[..metadata.len().min(HOLDER_SHOWN)];
     String::from_utf8_lossy(metadata).into_owned()
@@ -172,6 +183,29 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn a_holders_metadata_never_includes_its_token() {
+        let cases: [(&[u8], Option<&str>); 12] = [
+            (b"3:abcmeta", Some("meta")),
+            (b"!3:abcmeta", Some("meta")),
+            (b"3:abc", None),
+            (b"3:ab", None),
+            (b"0:meta", None),
+            (b":meta", None),
+            (b"x3:abcmeta", None),
+            (b"5:3:abc:meta", Some(":meta")),
+            (b"99999999999999999999999:abc", None),
+            (b"3:\xff\xfeam", Some("m")),
+            (b"1:\xc3\xa9meta", Some("\u{fffd}meta")),
+            (b"3:abc\xff", Some("\u{fffd}")),
+        ];
+        for (value, metadata) in cases {
+            assert_eq!(holder_metadata(value).as_deref(), metadata, "{value:?}");
+        }
+        let long = format!("3:abc{}", "m".repeat(300));
+        assert_eq!(holder_metadata(long.as_bytes()), Some("m".repeat(256)));
+    }
 
     #[test]
     fn random_tokens_are_22_url_safe_characters() {

@@ -248,3 +248,67 @@ async fn a_refusal_shows_the_first_256_bytes_of_long_metadata() {
     }
     lock.release().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_redlock_refusal_names_the_key_and_its_holder() {
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(1_000))).await;
+    let lock = m
+        .redlock
+        .obtain_multi(["free", "job2"], ms(5_000), &holder())
+        .await
+        .unwrap();
+    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
+        .await
+        .expect("the obtain's writes done within 10 s");
+    // The free key is freed on every master: the refusal names the key still held.
+    for i in 0..5 {
+        m.cmd::<i64>(i, &["DEL", "free"]).await;
+    }
+    let err = m
+        .redlock
+        .obtain_multi(["free", "job2"], ms(5_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_not_obtained(), "{err:?}");
+    let Error::NotObtained { key, holder, .. } = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(key, "job2", "{err:?}");
+    assert_eq!(holder.as_deref(), Some("vm:17548"), "{err:?}");
+    assert!(!err.to_string().contains(lock.token()), "{err}");
+}
+
+/// A Redlock refresh that one master refuses while two do not answer has learnt nothing
+/// decisive: the lock may still be on a majority. It is `is_unavailable()` (retry), not
+/// "not held" (which would tell the caller to stop work whose lock nobody has lost).
+#[tokio::test]
+async fn a_redlock_refresh_refused_by_a_minority_while_others_fail_is_unavailable() {
+    let m = Masters::start(QuorumConfig::default().node_timeout(ms(200))).await;
+    let lock = m
+        .redlock
+        .obtain("job", ms(20_000), &Options::default())
+        .await
+        .unwrap();
+    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
+        .await
+        .expect("the obtain's writes done within 10 s");
+    m.cmd::<()>(0, &["SET", "job", "5:other", "PX", "20000"])
+        .await;
+    m.servers[3].pause();
+    m.servers[4].pause();
+    let start = Instant::now();
+    let err = lock
+        .refresh(ms(20_000), &Options::default())
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    m.servers[3].resume();
+    m.servers[4].resume();
+    assert!(took < ms(5_000), "{took:?}");
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(!err.is_not_held() && !err.is_not_obtained(), "{err:?}");
+    assert!(
+        !lock.lost_signal().is_lost(),
+        "nothing decided the lock lost"
+    );
+}

@@ -35,8 +35,7 @@ use ballot::*;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
@@ -49,6 +48,7 @@ use crate::error::{Error, NodeFailure, QuorumOp, Result};
 use crate::model::invalid::InvalidInput;
 use crate::model::mode::Mode;
 use crate::model::request::{Claim, Held, IfHeld, OwnedClaim};
+use crate::rt::lock;
 use crate::rt::tasks::Tasks;
 use crate::server::store::{Obtain, Ownership, Store};
 use crate::topology::distinct::Identities;
@@ -291,9 +291,10 @@ where
             ..how
         };
         let stragglers = Stragglers::unsent(self.nodes.len());
-        // Which key a refusing master found held (any one: each is another owner's), so that
-        // a waiter listens for that key's release, not its first key's.
-        let blocking = Arc::new(AtomicUsize::new(0));
+        // What the first refusing master found held (any one: each is another owner's), so
+        // that a waiter listens for that key's release, not its first key's, and the refusal
+        // names the key and its holder as that master told them.
+        let blocking: Arc<Mutex<Option<Held>>> = Arc::default();
         let ballot = self.ballot(claim, Some(&stragglers), limit, |mut share| {
             let blocking = blocking.clone();
             async move {
@@ -312,7 +313,7 @@ where
                     Ok(Obtain::Obtained { .. }) => Vote::Yes(()),
                     // Nothing was written there.
                     Ok(Obtain::Held(held)) => {
-                        blocking.store(held.key, Ordering::Relaxed);
+                        lock(&blocking).get_or_insert(held);
                         Vote::No(NodeFailure::Refused)
                     }
                     Err(failure) => Vote::failed(failure),
@@ -354,8 +355,9 @@ where
         let outcome = verdict.map(|obtained| match obtained {
             true => Obtain::Obtained { fence: None },
             false => Obtain::Held(Held {
-                key: blocking.load(Ordering::Relaxed),
-                ..Held::UNKNOWN
+                // Queued on one master means nothing to a quorum.
+                queued: false,
+                ..lock(&blocking).take().unwrap_or(Held::UNKNOWN)
             }),
         });
         (outcome, success.then_some(stragglers))
