@@ -7,7 +7,7 @@ use crate::support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lockset::{Error, Mode, Options, QuorumConfig, Retry};
+use lockset::{Error, Lock, Mode, Options, QuorumConfig, Retry};
 use support::masters::Masters;
 use support::{Env, ms};
 use tokio::time::Instant;
@@ -15,6 +15,26 @@ use tokio::time::Instant;
 /// The holder's options: metadata a user would recognise (a host and a process).
 fn holder() -> Options {
     Options::default().metadata("vm:17548")
+}
+
+/// Five masters (each within `node_timeout`), and a Redlock lock on `keys` whose writes
+/// have reached every master.
+async fn redlock_holding(
+    node_timeout: Duration,
+    keys: &[&str],
+    ttl: Duration,
+    options: &Options,
+) -> (Masters, Lock) {
+    let m = Masters::start(QuorumConfig::default().node_timeout(node_timeout)).await;
+    let lock = m
+        .redlock
+        .obtain_multi(keys.iter().copied(), ttl, options)
+        .await
+        .unwrap();
+    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
+        .await
+        .expect("the obtain's writes done within 10 s");
+    (m, lock)
 }
 
 /// Asserts that `err` is a refusal naming `key`, held by `metadata` for at most `ttl` (and
@@ -201,15 +221,7 @@ async fn a_refresh_of_a_lock_taken_over_is_not_held() {
 
 #[tokio::test]
 async fn a_redlock_refresh_of_a_lock_gone_from_a_majority_is_not_held() {
-    let m = Masters::start(QuorumConfig::default().node_timeout(ms(1_000))).await;
-    let lock = m
-        .redlock
-        .obtain("job", ms(10_000), &Options::default())
-        .await
-        .unwrap();
-    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
-        .await
-        .expect("the obtain's writes done within 10 s");
+    let (m, lock) = redlock_holding(ms(1_000), &["job"], ms(10_000), &Options::default()).await;
     for i in [0, 1, 2] {
         m.cmd::<i64>(i, &["DEL", "job"]).await;
     }
@@ -251,15 +263,7 @@ async fn a_refusal_shows_the_first_256_bytes_of_long_metadata() {
 
 #[tokio::test]
 async fn a_redlock_refusal_names_the_key_and_its_holder() {
-    let m = Masters::start(QuorumConfig::default().node_timeout(ms(1_000))).await;
-    let lock = m
-        .redlock
-        .obtain_multi(["free", "job2"], ms(5_000), &holder())
-        .await
-        .unwrap();
-    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
-        .await
-        .expect("the obtain's writes done within 10 s");
+    let (m, lock) = redlock_holding(ms(1_000), &["free", "job2"], ms(5_000), &holder()).await;
     // The free key is freed on every master: the refusal names the key still held.
     for i in 0..5 {
         m.cmd::<i64>(i, &["DEL", "free"]).await;
@@ -283,15 +287,7 @@ async fn a_redlock_refusal_names_the_key_and_its_holder() {
 /// "not held" (which would tell the caller to stop work whose lock nobody has lost).
 #[tokio::test]
 async fn a_redlock_refresh_refused_by_a_minority_while_others_fail_is_unavailable() {
-    let m = Masters::start(QuorumConfig::default().node_timeout(ms(200))).await;
-    let lock = m
-        .redlock
-        .obtain("job", ms(20_000), &Options::default())
-        .await
-        .unwrap();
-    tokio::time::timeout(ms(10_000), m.redlock.background_idle())
-        .await
-        .expect("the obtain's writes done within 10 s");
+    let (m, lock) = redlock_holding(ms(200), &["job"], ms(20_000), &Options::default()).await;
     m.cmd::<()>(0, &["SET", "job", "5:other", "PX", "20000"])
         .await;
     m.servers[3].pause();
