@@ -292,9 +292,7 @@ async fn a_primary_cut_off_from_its_replicas_loses_only_unreplicated_locks() {
     let plain = Client::connect_sentinel(failover.config(Replication::none()))
         .await
         .unwrap();
-    for link in &failover.links {
-        link.stall(true);
-    }
+    failover.stall_links().await;
     let deadline = ms(1_000);
     let options = Options::default()
         .retry(Retry::linear(ms(50)))
@@ -758,7 +756,7 @@ async fn fencing_tokens_keep_growing_across_a_failover_to_a_replica_behind() {
     let low = first.fencing_token().unwrap();
     first.release().await.unwrap();
     // The successor misses what follows (its link holds it back, then drops it).
-    failover.links[0].stall(true);
+    failover.stall_link(0).await;
     let mut primary = raw(&failover, 0).await;
     let ahead = u64::try_from(
         std::time::SystemTime::now()
