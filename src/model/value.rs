@@ -124,12 +124,23 @@ impl fmt::Debug for Owner {
 /// assert_eq!(lockset::parse_value("not a lock"), None);
 /// ```
 pub fn parse_value(value: &str) -> Option<(&str, &str)> {
-    let value = value.strip_prefix(char::from(WAITER_MARK)).unwrap_or(value);
-    let (len, rest) = value.split_once(':')?;
-    if len.is_empty() || !len.bytes().all(|b| b.is_ascii_digit()) {
+    let (token, metadata) = split_value(value.as_bytes())?;
+    Some((
+        std::str::from_utf8(token).ok()?,
+        std::str::from_utf8(metadata).ok()?,
+    ))
+}
+
+/// The one reading of the value format: a stored value's token and metadata, as bytes (see
+/// [`parse_value`]); the scripts' `metadata_of` (`lua/owner.lua`) reads it the same way.
+fn split_value(value: &[u8]) -> Option<(&[u8], &[u8])> {
+    let value = unmarked(value);
+    let colon = value.iter().position(|&b| b == b':')?;
+    let (digits, rest) = (&value[..colon], &value[colon + 1..]);
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    let len: usize = len.parse().ok()?;
+    let len: usize = std::str::from_utf8(digits).ok()?.parse().ok()?;
     if len == 0 {
         return None;
     }
@@ -142,21 +153,10 @@ pub fn parse_value(value: &str) -> Option<(&str, &str)> {
 pub(crate) const HOLDER_SHOWN: usize = 256;
 
 /// The metadata of another owner's stored `value` (never its token), when there is any:
-/// what a refusal tells about who holds a key. Read byte by byte as [`parse_value`] reads
-/// text, so that it agrees with the scripts' `metadata_of` (`lua/owner.lua`) on every value,
-/// also one that is not UTF-8.
+/// what a refusal tells about who holds a key. Read as bytes, so that it agrees with the
+/// scripts' `metadata_of` on every value, also one that is not UTF-8.
 pub(crate) fn holder_metadata(value: &[u8]) -> Option<String> {
-    let value = unmarked(value);
-    let colon = value.iter().position(|&b| b == b':')?;
-    let digits = &value[..colon];
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let len: usize = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    if len == 0 {
-        return None;
-    }
-    let metadata = value.get(colon.checked_add(1)?.checked_add(len)?..)?;
+    let (_, metadata) = split_value(value)?;
     (!metadata.is_empty()).then(|| shown_metadata(metadata))
 }
 
