@@ -92,10 +92,16 @@ local function grant(member, record, keys, modes, left, listen, key, notice)
   local px = math.min(tonumber(record.t), left)
   for j = 1, #keys do
     local queue = queue_of(keys[j])
-    -- Counted before the removal: a queue left empty is gone, and on a migrating slot's
-    -- source a key gone is out of reach for the rest of the script.
-    local others = redis.call('ZCARD', queue) - redis.call('ZREM', queue, member)
-    take(keys[j], modes[j], value, px, keys[j] == key or others > 0)
+    -- The freed key stays marked whoever else waits; another key is marked when others
+    -- wait for it, counted before the removal: a queue left empty is gone, and on a
+    -- migrating slot's source a key gone is out of reach for the rest of the script.
+    local marks = keys[j] == key
+    if marks then
+      redis.call('ZREM', queue, member)
+    else
+      marks = redis.call('ZCARD', queue) - redis.call('ZREM', queue, member) > 0
+    end
+    take(keys[j], modes[j], value, px, marks)
   end
   redis.call('DEL', member)
   if notice ~= '' then

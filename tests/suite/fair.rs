@@ -78,6 +78,38 @@ async fn a_release_hands_the_lock_to_the_waiter_without_a_race() {
     assert_eq!(env.dbsize().await, 0);
 }
 
+/// The server's work per fair acquisition (issue 39): the key a release frees is marked for
+/// its next holder whoever else waits, so a hand-off of a single key never counts its queue;
+/// only a waiter's other keys are marked by who waits for them.
+#[tokio::test]
+async fn a_single_key_hand_off_does_not_count_its_queue() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let other = env.other_client().await;
+        waiters.push(tokio::spawn(async move {
+            let lock = other.obtain("job", ms(10_000), &slow_polling()).await?;
+            lock.release().await
+        }));
+        queued_up_to(&env, "job", i + 1).await;
+    }
+    let counted = env.calls("zcard").await;
+    let handed = env.calls("hmget").await;
+    held.release().await.unwrap();
+    for waiter in waiters {
+        timeout(HANDED_WITHIN * 2, waiter)
+            .await
+            .expect("each waiter had its turn")
+            .unwrap()
+            .unwrap();
+    }
+    // Two hand-offs (the holder's release, then the first waiter's), no queue counted.
+    assert_eq!(env.calls("hmget").await - handed, 2, "two hand-offs");
+    assert_eq!(env.calls("zcard").await - counted, 0);
+    assert_eq!(env.dbsize().await, 0);
+}
+
 /// A 60 s lock: the default lease (15 s) does not cover it, and the hand-off gives the
 /// keys for the rest of the lease only (a waiter that died blocks them no longer). The
 /// waiter makes them its own for the full TTL by one more attempt before obtain returns.
