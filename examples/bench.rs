@@ -52,7 +52,8 @@
 //! calls and the commands they run both count): the work each lock costs the server; and
 //! the requests per operation, counted as each client sends them (a script call is one),
 //! plus the pub/sub requests from `INFO commandstats`: the round trips each lock costs its
-//! clients.
+//! clients. And the CPU time per operation of the server (`INFO cpu`) and of the clients
+//! (this process's own, from `/proc/self/stat`: only one implementation runs in a round).
 
 #[path = "../tests/support/server.rs"]
 mod server;
@@ -172,6 +173,9 @@ struct Sample {
     requests: u64,
     /// The server's CPU time during the round (user and system, all threads), in µs.
     server_cpu_us: u64,
+    /// This process's CPU time during the round (user and system, all threads), in µs: the
+    /// clients' work, since only the round's implementation runs meanwhile.
+    client_cpu_us: u64,
     /// Acquisitions per task (W2).
     per_task: Vec<u64>,
 }
@@ -186,6 +190,7 @@ impl Sample {
         self.commands += other.commands;
         self.requests += other.requests;
         self.server_cpu_us += other.server_cpu_us;
+        self.client_cpu_us += other.client_cpu_us;
         if self.per_task.len() < other.per_task.len() {
             self.per_task.resize(other.per_task.len(), 0);
         }
@@ -682,6 +687,7 @@ impl Bench {
 
     async fn run(self: &Arc<Self>, which: Impl, workload: Workload) -> Sample {
         let before = self.commands().await;
+        let client_before = client_cpu_us();
         let mut sample = match workload.name {
             "w2" | "w2r" => self.contended(which, workload).await,
             "w4" if matches!(workload.clients, "rw" | "sem") => {
@@ -693,6 +699,7 @@ impl Bench {
         sample.commands = after.0 - before.0;
         sample.requests = after.1 - before.1;
         sample.server_cpu_us = after.2.saturating_sub(before.2);
+        sample.client_cpu_us = client_cpu_us().saturating_sub(client_before);
         sample
     }
 
@@ -1150,6 +1157,7 @@ struct Figures {
     commands_per_op: f64,
     requests_per_op: f64,
     server_cpu_us_per_op: f64,
+    client_cpu_us_per_op: f64,
     busiest: f64,
     violations: u64,
 }
@@ -1171,11 +1179,12 @@ fn report(
             commands_per_op: sample.commands as f64 / sample.ops.max(1) as f64,
             requests_per_op: sample.requests as f64 / sample.ops.max(1) as f64,
             server_cpu_us_per_op: sample.server_cpu_us as f64 / sample.ops.max(1) as f64,
+            client_cpu_us_per_op: sample.client_cpu_us as f64 / sample.ops.max(1) as f64,
             busiest: sample.busiest_share(),
             violations: sample.violations,
         };
         println!(
-            r#"{{"impl":"{}","workload":"{}","clients":"{}","concurrency":{},"keys":{},"hold_ms":{},"ops":{},"seconds":{:.3},"ops_per_sec":{:.1},"p50_us":{},"p99_us":{},"handoff_p50_us":{},"handoff_p99_us":{},"commands_per_op":{:.2},"requests_per_op":{:.2},"server_cpu_us_per_op":{:.1},"busiest_share":{:.3},"violations":{}}}"#,
+            r#"{{"impl":"{}","workload":"{}","clients":"{}","concurrency":{},"keys":{},"hold_ms":{},"ops":{},"seconds":{:.3},"ops_per_sec":{:.1},"p50_us":{},"p99_us":{},"handoff_p50_us":{},"handoff_p99_us":{},"commands_per_op":{:.2},"requests_per_op":{:.2},"server_cpu_us_per_op":{:.1},"client_cpu_us_per_op":{:.1},"busiest_share":{:.3},"violations":{}}}"#,
             which.name(),
             workload.name,
             workload.clients,
@@ -1192,6 +1201,7 @@ fn report(
             figures.commands_per_op,
             figures.requests_per_op,
             figures.server_cpu_us_per_op,
+            figures.client_cpu_us_per_op,
             figures.busiest,
             figures.violations,
         );
@@ -1200,9 +1210,9 @@ fn report(
 
     println!();
     println!(
-        "| workload | clients | C | K | hold ms | raw ops/s | lockset ops/s | lockset/raw | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs raw → lockset | server cmds/op raw → lockset | requests/op raw → lockset | busiest share raw → lockset | violations | server CPU µs/op raw → lockset |"
+        "| workload | clients | C | K | hold ms | raw ops/s | lockset ops/s | lockset/raw | raw p50/p99 µs | lockset p50/p99 µs | hand-off p50/p99 µs raw → lockset | server cmds/op raw → lockset | requests/op raw → lockset | busiest share raw → lockset | violations | server CPU µs/op raw → lockset | client CPU µs/op raw → lockset |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for pair in summary.chunks(2) {
         let [(workload, _, raw), (_, _, lockset)] = pair else {
             continue;
@@ -1246,7 +1256,7 @@ fn report(
             )
         };
         println!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2} | {}/{} | {}/{} | {} | {} | {} | {} | {} | {} | {:.1} → {:.1} |",
             workload.name,
             workload.clients,
             workload.concurrency,
@@ -1265,9 +1275,32 @@ fn report(
             share,
             raw.violations + lockset.violations,
             cpu,
+            raw.client_cpu_us_per_op,
+            lockset.client_cpu_us_per_op,
         );
     }
     paused_against_up(&summary);
+}
+
+/// This process's CPU time so far (user and system, every thread), in µs, from
+/// `/proc/self/stat` (in clock ticks, 100 a second on Linux: a round's total is hundreds).
+fn client_cpu_us() -> u64 {
+    const TICK_US: u64 = 10_000;
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    // The fields after the command name (which may hold spaces) in parentheses: utime and
+    // stime are the 12th and 13th of them.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|field| field.parse::<u64>().ok())
+        .sum();
+    ticks * TICK_US
 }
 
 /// W5: each implementation's rate with a master paused, against its rate with all up.
