@@ -79,8 +79,9 @@ end
 -- Hands MEMBER, a live waiter whose lease has LEFT ms to run, every key in KEYS in its mode
 -- (MODES; each admits it) for its TTL, but no longer than its lease: a waiter that died since
 -- it last renewed holds the keys no longer than that. LISTEN: the key on whose release
--- channel it hears its hand-off, told with NOTICE ("PUBLISH" or "SPUBLISH"; "" tells
--- nobody) as "g<id>:<turn>:<ms>": the keys are its own for <ms> from this moment, which came
+-- channel it hears its hand-off (or its client's own channel for that key, when the record
+-- names one: field c), told with NOTICE ("PUBLISH" or "SPUBLISH"; "" tells nobody) as
+-- "g<id>:<turn>:<ms>": the keys are its own for <ms> from this moment, which came
 -- after it sent attempt <turn> (the last to queue or renew it), so they are its own for
 -- <ms> from when it sent that attempt at least (see src/waiting/fair.rs). A record written
 -- before records kept turns has none: turn 0, which no attempt has (the waiter then makes
@@ -105,7 +106,11 @@ local function grant(member, record, keys, modes, left, listen, key, notice)
   end
   redis.call('DEL', member)
   if notice ~= '' then
-    redis.pcall(notice, listen, 'g' .. id .. ':' .. turn .. ':' .. string.format('%.0f', px))
+    local channel = listen
+    if record.c and record.c ~= '' then
+      channel = handoff_channel(listen, record.c)
+    end
+    redis.pcall(notice, channel, 'g' .. id .. ':' .. turn .. ':' .. string.format('%.0f', px))
   end
 end
 

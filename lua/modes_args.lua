@@ -26,9 +26,9 @@
 --          empty or absent): it leaves the queues of KEYS, and releases what it was handed
 -- ARGV[9]  release: "1" when the waiter of ARGV[8] only leaves its queues (a caller's own
 --          token), nothing else changes
--- ARGV[9..12]  obtain, for a fair waiter: its lease in ms, its id, this attempt's turn and
---          the index of the key on whose channel it hears its hand-off, as ARGV[5..8] of
---          obtain.lua. A fair waiter that finds a key held queues on every key in its mode
+-- ARGV[9..13]  obtain, for a fair waiter: its lease in ms, its id, this attempt's turn, the
+--          index of the key on whose channel it hears its hand-off and its client's hand-off
+--          tag, as ARGV[5..9] of obtain.lua. A fair waiter that finds a key held queues on every key in its mode
 --          (see queue.lua, and admit.lua for who may take a key); once it has the lock it leaves the queues
 --
 -- Storage. An exclusive key is a string, exactly as a lock without modes writes it. A shared

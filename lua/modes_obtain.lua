@@ -4,7 +4,7 @@
 
 local ttl, fencing = tonumber(ARGV[5]), ARGV[6] ~= '0'
 local mark, retries = ARGV[7] == '1', ARGV[8] == '1'
-local lease, id, turn, listen = ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local lease, id, turn, listen, tag = ARGV[9], ARGV[10], ARGV[11], ARGV[12], ARGV[13]
 local fair = lease ~= nil and lease ~= '' and queue_of(KEYS[1]) ~= nil
 local member = fair and record_of(KEYS, id) or nil
 local plans = {}
@@ -19,7 +19,7 @@ end
 local function held(i, pttl, current)
   local keys = first_keys(count)
   local queued = 0
-  if fair and settle(queue_up, member, keys, value, ARGV[5], lease, id, turn, listen, i, ARGV[2]) then
+  if fair and settle(queue_up, member, keys, value, ARGV[5], lease, id, turn, listen, tag, i, ARGV[2]) then
     queued = 1
   elseif fair then
     -- Out of reach (see settle): waits unqueued; what it queued so far goes.

@@ -19,6 +19,9 @@
 -- ARGV[8]  for a fair waiter: the index of the key on whose release channel it hears its
 --          hand-off (its subscription was live when this attempt was sent); absent: the
 --          key that blocks this attempt
+-- ARGV[9]  for a fair waiter: its client's hand-off tag, when it hears its hand-off on its
+--          client's own channel for that key (see handoff_channel in queue.lua); empty or
+--          absent: on the key's release channel
 --
 -- Reply: {1, fence}     every key is ours, with the new token as a decimal string (false
 --                      without fencing)
@@ -43,7 +46,7 @@ if ARGV[3] and ARGV[3] ~= '0' and ARGV[3] ~= '' then
   count = count - 1
   epoch = tonumber(ARGV[3]) - 1
 end
-local lease, id, turn, listen = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local lease, id, turn, listen, tag = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local fair = lease ~= nil and lease ~= ''
 
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
@@ -136,7 +139,7 @@ local function held_by_another(i, current)
     mark_value(KEYS[i], current)
   end
   local queued = 0
-  if fair and settle(queue_up, member, lock_keys(), value, ttl, lease, id, turn, listen, i, nil) then
+  if fair and settle(queue_up, member, lock_keys(), value, ttl, lease, id, turn, listen, tag, i, nil) then
     queued = 1
   elseif fair then
     -- Out of reach (see settle): waits unqueued; what it queued so far goes.

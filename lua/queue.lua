@@ -13,6 +13,10 @@
 --   l  the index of the key on whose release channel it hears its hand-off: one it was
 --      subscribed to when the attempt that wrote it was sent (src/waiting/waiter.rs)
 --   s  the turn of the attempt that last queued or renewed it (src/waiting/fair.rs)
+--   c  the tag of its client's own hand-off channel (handoff_channel), when that was live
+--      too when the attempt was sent: the hand-off is told there, to that client alone,
+--      instead of on the release channel of key l, which every waiting client hears;
+--      empty or absent (a record of an older client): on key l's release channel
 --   m  its keys' modes as modes_obtain.lua takes them ("x,s,p3"); absent: every key exclusive
 --   1..n  its keys
 -- The record's own expiry is the waiter's lease: a waiter that stops renewing it (crashed,
@@ -44,7 +48,7 @@ local QUEUE_CHUNK = 1000
 -- covers it and the records named after it) and hashes to KEY's cluster slot: a key with a
 -- hash tag keeps it, a key without one becomes the tag after itself ("job" ->
 -- "job{job}:lockset:queue"). nil for a key without a hash tag that contains '{' or '}': it
--- has no queue, and its waiters do not queue. The rule's home is src/slots.rs
+-- has no queue, and its waiters do not queue. The rule's home is src/model/names.rs
 -- (queue_key_for); this copy names the queues of the waiters a release hands on to, whose
 -- keys only their records know.
 local function queue_of(key)
@@ -60,6 +64,14 @@ local function queue_of(key)
     return nil
   end
   return key .. '{' .. key .. '}' .. QUEUE_SUFFIX
+end
+
+-- The channel on which the client with hand-off tag TAG hears the hand-offs of KEY to its
+-- waiters: named after KEY's queue, so that it begins with KEY (an ACL channel pattern per
+-- key prefix covers it) and hashes to KEY's slot. Its home is src/model/names.rs
+-- (handoff_channel).
+local function handoff_channel(key, tag)
+  return queue_of(key) .. ':to:' .. tag
 end
 
 -- The record name of waiter ID waiting for KEYS (named after the first key).
@@ -104,15 +116,17 @@ end
 -- every key of KEYS, or renews its lease (the record's expiry), keeping its place. Its
 -- record names every key, also a single one (two keys' queues may share a name: "job" and
 -- "job{job}"), the value it stores (VALUE, for TTL ms), the channel it hears its hand-off on
--- (KEYS[LISTEN], else the blocking key's) and MODES (nil: every key exclusive).
-local function queue_up(member, keys, value, ttl, lease, id, turn, listen, blocked, modes)
+-- (KEYS[LISTEN], else the blocking key's; its client's own channel for that key when TAG is
+-- not empty) and MODES (nil: every key exclusive).
+local function queue_up(member, keys, value, ttl, lease, id, turn, listen, tag, blocked, modes)
   local count = #keys
   local l = tonumber(listen) or blocked
+  tag = tag or ''
   -- A first turn has no record yet; a later one renews it, unless it lapsed.
   if turn == '1' or redis.call('PEXPIRE', member, lease) == 0 then
     -- One HSET with the first chunk of keys, one more per further chunk (unpack() has a
     -- limit).
-    local fields = {'v', value, 't', ttl, 'i', id, 'n', count, 'l', l, 's', turn}
+    local fields = {'v', value, 't', ttl, 'i', id, 'n', count, 'l', l, 's', turn, 'c', tag}
     if modes then
       fields[#fields + 1] = 'm'
       fields[#fields + 1] = modes
@@ -127,7 +141,7 @@ local function queue_up(member, keys, value, ttl, lease, id, turn, listen, block
     end
     redis.call('PEXPIRE', member, lease)
   else
-    redis.call('HSET', member, 'l', l, 's', turn)
+    redis.call('HSET', member, 'l', l, 's', turn, 'c', tag)
   end
   local arrival = math.floor(now_ms() * 1000)
   for j = 1, count do
@@ -171,15 +185,15 @@ local function modes_of(codes, n)
   return modes
 end
 
--- The waiter MEMBER: its keys, their modes and its record's fields (v, t, i, l, s: see
+-- The waiter MEMBER: its keys, their modes and its record's fields (v, t, i, l, s, c: see
 -- above); nil when its record is gone (it died, or was handed its lock).
 local function waiter_of(member)
-  local r = redis.call('HMGET', member, 'n', 'm', 1, 'v', 't', 'i', 'l', 's')
+  local r = redis.call('HMGET', member, 'n', 'm', 1, 'v', 't', 'i', 'l', 's', 'c')
   if not r[1] then
     return nil
   end
   local keys = keys_of(member, tonumber(r[1]), r[3])
-  local record = {v = r[4], t = r[5], i = r[6], l = r[7], s = r[8]}
+  local record = {v = r[4], t = r[5], i = r[6], l = r[7], s = r[8], c = r[9]}
   return keys, modes_of(r[2], #keys), record
 end
 

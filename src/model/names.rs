@@ -65,6 +65,14 @@ pub fn queue_key_for(key: &str) -> Option<String> {
     }
 }
 
+/// The channel on which the client with hand-off tag `tag` hears the hand-offs of `key` to
+/// its fair waiters (`lua/queue.lua`'s `handoff_channel`): named after the key's queue, so
+/// that it begins with `key` (an ACL channel pattern per key prefix, `&pre:*`, covers it)
+/// and hashes to `key`'s slot (sharded pub/sub). `None` for a key without a queue.
+pub(crate) fn handoff_channel(key: &str, tag: &str) -> Option<String> {
+    queue_key_for(key).map(|queue| format!("{queue}:to:{tag}"))
+}
+
 /// How a name derived from `key` stays in `key`'s slot: `Some(true)` by keeping `key`'s own
 /// hash tag, `Some(false)` by making `key` the tag; `None` when neither can (no tag, and a
 /// `}` that would end one).

@@ -51,6 +51,9 @@ pub(crate) struct Ticket {
     pub(crate) turn: u64,
     /// The index of the key whose release channel the waiter hears its hand-off on.
     pub(crate) listen: usize,
+    /// Its client's hand-off tag, when it hears its hand-off on its client's own channel
+    /// for that key instead (see `model/names.rs`, `handoff_channel`).
+    pub(crate) tag: Option<std::sync::Arc<str>>,
 }
 
 /// A release handed a fair waiter its lock, and told it so: `g<id>:<turn>:<ms>` on its
@@ -189,4 +192,7 @@ pub(crate) struct IfHeld {
     /// The index of the key on whose release channel a queued waiter hears its hand-off
     /// (its subscription was live when the attempt was sent; see `waiting/waiter.rs`).
     pub(crate) listen: usize,
+    /// The waiter hears its hand-off on its client's own channel for that key instead (also
+    /// live when the attempt was sent): only its client is told.
+    pub(crate) own_channel: bool,
 }

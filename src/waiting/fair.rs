@@ -34,24 +34,28 @@ pub(crate) struct Stint {
     pub(crate) owner: Owner,
     id: String,
     lease: Ttl,
+    /// Its client's hand-off tag (see [`Fair::tag`]).
+    tag: Arc<str>,
     /// The latest attempts' turns and when each was sent, the newest last.
     sent: Mutex<VecDeque<(u64, Instant)>>,
 }
 
 impl Stint {
     /// A stint by the caller's token `custom`, else by a fresh random one.
-    fn new(lease: Ttl, custom: Option<&Owner>) -> Arc<Self> {
+    fn new(lease: Ttl, custom: Option<&Owner>, tag: &Arc<str>) -> Arc<Self> {
         Arc::new(Self {
             owner: custom.cloned().unwrap_or_else(Owner::random),
             id: release_payload(),
             lease,
+            tag: tag.clone(),
             sent: Mutex::new(VecDeque::with_capacity(REMEMBERED_TURNS)),
         })
     }
 
-    /// The ticket of an attempt sent now, which names `listen`'s channel for the hand-off:
-    /// the next turn, whose send time is remembered.
-    pub(crate) fn sending(&self, listen: usize) -> Ticket {
+    /// The ticket of an attempt sent now, which names `listen`'s channel for the hand-off
+    /// (its client's own channel for that key when `own_channel`): the next turn, whose send
+    /// time is remembered.
+    pub(crate) fn sending(&self, listen: usize, own_channel: bool) -> Ticket {
         let mut sent = lock(&self.sent);
         let turn = sent.back().map_or(1, |(turn, _)| turn + 1);
         if sent.len() == REMEMBERED_TURNS {
@@ -63,6 +67,7 @@ impl Stint {
             lease: self.lease,
             turn,
             listen,
+            tag: own_channel.then(|| self.tag.clone()),
         }
     }
 
@@ -84,6 +89,9 @@ pub(crate) struct Fair {
     lease: Ttl,
     /// The caller's own token, which every stint keeps.
     custom: Option<Owner>,
+    /// The client's hand-off tag: the name of the channel on which its fair waiters hear
+    /// their hand-offs (see `model/names.rs`, `handoff_channel`).
+    tag: Arc<str>,
     stint: Mutex<Arc<Stint>>,
     /// The claim of the last stint that queued, until the obtain wins: it leaves its queues
     /// (and releases what it was handed) when the obtain ends without the lock.
@@ -94,12 +102,14 @@ pub(crate) struct Fair {
 
 impl Fair {
     /// The state of an obtain whose queue entries last `lease` without renewal, by the
-    /// caller's token `custom` (else a random one per stint).
-    pub(crate) fn new(lease: Ttl, custom: Option<Owner>) -> Self {
+    /// caller's token `custom` (else a random one per stint), for a client with hand-off tag
+    /// `tag`.
+    pub(crate) fn new(lease: Ttl, custom: Option<Owner>, tag: Arc<str>) -> Self {
         Self {
             lease,
-            stint: Mutex::new(Stint::new(lease, custom.as_ref())),
+            stint: Mutex::new(Stint::new(lease, custom.as_ref(), &tag)),
             custom,
+            tag,
             queued: Mutex::new(None),
             handed: Mutex::new(None),
         }
@@ -125,6 +135,11 @@ impl Fair {
         lock(&self.stint).id.clone()
     }
 
+    /// The client's hand-off tag.
+    pub(crate) fn tag(&self) -> &str {
+        &self.tag
+    }
+
     /// How long the queue entry lasts without renewal.
     pub(crate) fn lease(&self) -> Duration {
         self.lease.duration
@@ -135,7 +150,7 @@ impl Fair {
     pub(crate) fn start_over(&self, stint: &Arc<Stint>) {
         let mut current = lock(&self.stint);
         if Arc::ptr_eq(&current, stint) {
-            *current = Stint::new(self.lease, self.custom.as_ref());
+            *current = Stint::new(self.lease, self.custom.as_ref(), &self.tag);
         }
     }
 

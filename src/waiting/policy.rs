@@ -134,6 +134,7 @@ where
             retries: backoff.peek().is_some() && !waiter.is_fair(),
             queue: waiter.queueing(),
             listen: waiter.listen_key(),
+            own_channel: waiter.names_own_channel(),
         };
         watch.attempts += 1;
         // Pinned here, where it is made, and only while it runs.

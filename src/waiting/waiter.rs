@@ -4,11 +4,15 @@
 //! **The invariant: no notice where nobody listens.** Every notice a waiter can be sent
 //! reaches it, or one more attempt closes the gap.
 //! - A release announces a key on the key's channel when some waiter marked its holder, and
-//!   tells a fair waiter of a hand-off on the channel its queue record names (`l`).
+//!   tells a fair waiter of a hand-off on the channel its queue record names: key `l`'s
+//!   release channel, or its client's own hand-off channel for that key (`c`), which only
+//!   that client hears.
 //! - A fair waiter's record names only a channel whose subscription was live (confirmed by
 //!   the server) when the attempt that wrote it was sent, and the waiter stays registered on
-//!   every channel it listened on, hearing its hand-off on each, until its obtain ends: a
-//!   hand-off notice is published where the waiter listens.
+//!   every channel it listened on (and on its client's own channel for each of those keys),
+//!   hearing its hand-off on each, until its obtain ends: a hand-off notice is published
+//!   where the waiter listens. A record written by an older client names no own channel,
+//!   and an older client's release tells on the key's channel: both still reach it.
 //! - An attempt that finds key `k` held marks `k`'s holder. When `k`'s channel was live when
 //!   the attempt was sent, every later announcement reaches the waiter. When it was not (the
 //!   first attempt, a new blocking key, a subscription that lapsed), the waiter subscribes
@@ -34,21 +38,33 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::model::mode::{Mode, Modes};
-use crate::model::names::release_channel;
+use crate::model::names::{handoff_channel, release_channel};
 use crate::model::request::Held;
 use crate::waiting::events::{Events, Grant, Subscription};
 use crate::waiting::fair::Fair;
 
-/// One channel a waiter listens on: the release channel of `keys[key]`, on every server.
+/// One channel a waiter listens on: the release channel of `keys[key]`, on every server;
+/// and for a fair waiter, its client's own hand-off channel for that key.
 struct Ear {
     key: usize,
     subscriptions: Vec<Subscription>,
+    own: Vec<Subscription>,
 }
 
 impl Ear {
     /// Whether some server confirmed the subscription.
     fn is_live(&self) -> bool {
         self.subscriptions.iter().any(Subscription::is_live)
+    }
+
+    /// Whether some server confirmed the subscription to the client's own hand-off channel.
+    fn own_is_live(&self) -> bool {
+        self.own.iter().any(Subscription::is_live)
+    }
+
+    /// Every subscription of this ear.
+    fn all_mut(&mut self) -> impl Iterator<Item = &mut Subscription> {
+        self.subscriptions.iter_mut().chain(&mut self.own)
     }
 }
 
@@ -76,6 +92,9 @@ pub(crate) struct Waiter<'a> {
     live_at_send: Vec<usize>,
     /// The key whose channel this (fair) waiter's queue record names.
     named: Option<usize>,
+    /// The record names its client's own hand-off channel for that key (live when the
+    /// attempt was sent).
+    named_own: bool,
 }
 
 impl<'a> Waiter<'a> {
@@ -104,6 +123,7 @@ impl<'a> Waiter<'a> {
             granted_as: fair.map(Fair::id),
             live_at_send: Vec::new(),
             named: None,
+            named_own: false,
         }
     }
 
@@ -128,7 +148,7 @@ impl<'a> Waiter<'a> {
     pub(crate) fn attempting(&mut self) {
         let id = self.fair.map(Fair::id);
         if id != self.granted_as {
-            for subscription in self.ears.iter_mut().flat_map(|e| &mut e.subscriptions) {
+            for subscription in self.ears.iter_mut().flat_map(Ear::all_mut) {
                 subscription.regrant(id.as_deref());
             }
             self.granted_as = id;
@@ -145,6 +165,7 @@ impl<'a> Waiter<'a> {
         if self.queueing() && !self.live_at_send.is_empty() {
             self.named = self.named_channel();
         }
+        self.named_own = self.queueing() && self.named_ear().is_some_and(Ear::own_is_live);
         if let (Some(fair), Some(handed)) = (self.fair, self.grant.as_ref().and_then(|g| g.take()))
         {
             fair.handed(handed);
@@ -161,10 +182,21 @@ impl<'a> Waiter<'a> {
             .or_else(|| self.live_at_send.first().copied())
     }
 
+    /// The ear of the key whose channel the queue record names.
+    fn named_ear(&self) -> Option<&Ear> {
+        self.ears.iter().find(|ear| Some(ear.key) == self.named)
+    }
+
     /// The index of the key whose channel the attempt about to be sent names in its queue
     /// record, when it queues.
     pub(crate) fn listen_key(&self) -> usize {
         self.named.unwrap_or(0)
+    }
+
+    /// Whether the attempt about to be sent names its client's own hand-off channel for
+    /// that key, when it queues: only this client is told of the hand-off.
+    pub(crate) fn names_own_channel(&self) -> bool {
+        self.named_own
     }
 
     /// Whether this obtain waits fairly (queues for its keys).
@@ -193,8 +225,12 @@ impl<'a> Waiter<'a> {
     /// its hand-off (the channel its record names is live).
     pub(crate) fn queued_lease(&self) -> Option<std::time::Duration> {
         let fair = self.fair.filter(|_| self.queued)?;
-        let ear = self.ears.iter().find(|ear| Some(ear.key) == self.named)?;
-        ear.is_live().then(|| fair.lease())
+        let ear = self.named_ear()?;
+        let live = match self.named_own {
+            true => ear.own_is_live(),
+            false => ear.is_live(),
+        };
+        live.then(|| fair.lease())
     }
 
     /// Whether something can wake this waiter: the blocking key's channel is live, or the
@@ -210,18 +246,36 @@ impl<'a> Waiter<'a> {
             .is_some_and(|mode| *mode != Mode::Exclusive)
     }
 
-    /// Registers this waiter on the release channel of `keys[key]` on every server, and
+    /// Registers this waiter on the release channel of `keys[key]` on every server (and a
+    /// fair one on its client's own hand-off channel for the key, subscribed at once), and
     /// returns its ear.
     fn listen(&mut self, key: usize) -> usize {
         let channel = release_channel(&self.keys[key]);
         let sharing = self.sharing(key);
         let grant = self.granted_as.as_deref().zip(self.grant.as_ref());
+        // Subscribed first: its confirmation then mostly comes with the key channel's.
+        let own_channel = self
+            .fair
+            .and_then(|fair| handoff_channel(&self.keys[key], fair.tag()));
+        let own = own_channel
+            .zip(grant)
+            .map(|(own, grant)| {
+                let subscribe = |events: &Events| events.subscribe_own(&own, grant);
+                let own: Vec<_> = self.events.iter().map(subscribe).collect();
+                own.iter().for_each(Subscription::renew);
+                own
+            })
+            .unwrap_or_default();
         let subscriptions = self
             .events
             .iter()
             .map(|events| events.subscribe(channel, sharing, grant))
             .collect();
-        self.ears.push(Ear { key, subscriptions });
+        self.ears.push(Ear {
+            key,
+            subscriptions,
+            own,
+        });
         self.ears.len() - 1
     }
 
@@ -263,14 +317,14 @@ impl<'a> Waiter<'a> {
 
     /// Waits until some server confirms `ear`'s subscription (the others keep subscribing
     /// in the background: a master that is down must not hold up the waiter), no later
-    /// than `until`, or until a hand-off comes; true for either.
+    /// than `until`, or until a hand-off comes; true for either. A fair waiter also lets its
+    /// own hand-off channel's subscription settle first (the server has it, or refused it),
+    /// so that the attempt right after can name it.
     async fn confirm(&self, ear: usize, until: Option<Instant>) -> bool {
+        let ear = &self.ears[ear];
         let confirmed = async {
-            let mut confirmations: futures_util::stream::FuturesUnordered<_> = self.ears[ear]
-                .subscriptions
-                .iter()
-                .map(|s| s.confirm(until))
-                .collect();
+            let mut confirmations: futures_util::stream::FuturesUnordered<_> =
+                ear.subscriptions.iter().map(|s| s.confirm(until)).collect();
             while let Some(confirmed) = futures_util::StreamExt::next(&mut confirmations).await {
                 if confirmed {
                     return true;
@@ -278,6 +332,8 @@ impl<'a> Waiter<'a> {
             }
             false
         };
+        let own = futures_util::future::join_all(ear.own.iter().map(|s| s.settle(until)));
+        let confirmed = async { futures_util::future::join(confirmed, own).await.0 };
         tokio::select! {
             confirmed = confirmed => confirmed,
             () = self.granted() => true,

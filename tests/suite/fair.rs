@@ -642,3 +642,63 @@ async fn a_queued_reobtain_by_token_keeps_its_outer_lock() {
     both.release().await.unwrap();
     assert_eq!(env.dbsize().await, 0);
 }
+
+/// A hand-off is told to its waiter's client alone (issue 39), on a channel that client
+/// listens on for its own hand-offs, never on the key's release channel, which every
+/// client with a waiter for the key listens on (each would wake up to drop it). Watched
+/// by a subscriber to every channel: two hand-offs, two notices, neither on `job`.
+#[tokio::test]
+async fn a_hand_off_is_told_to_its_waiters_client_alone() {
+    let env = Env::start().await;
+    let mut all = lockset::redis::Client::open(env.server.url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    all.psubscribe("*").await.unwrap();
+    let held = hold(&env, "job").await;
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let other = env.other_client().await;
+        waiters.push(tokio::spawn(async move {
+            let lock = other.obtain("job", ms(10_000), &slow_polling()).await?;
+            lock.release().await
+        }));
+        queued_up_to(&env, "job", i + 1).await;
+    }
+    let released = Instant::now();
+    held.release().await.unwrap();
+    for waiter in waiters {
+        timeout(HANDED_WITHIN * 2, waiter)
+            .await
+            .expect("each waiter had its turn")
+            .unwrap()
+            .unwrap();
+    }
+    assert!(
+        released.elapsed() < HANDED_WITHIN * 2,
+        "{:?}",
+        released.elapsed()
+    );
+    let mut messages = all.on_message();
+    let mut notices = Vec::new();
+    while let Ok(Some(message)) =
+        timeout(ms(200), futures_util::StreamExt::next(&mut messages)).await
+    {
+        // Hand-off notices only ("g<id>:…"); the last holder's release is still announced.
+        let payload: String = message.get_payload().unwrap();
+        if payload.starts_with('g') {
+            notices.push(message.get_channel_name().to_owned());
+        }
+    }
+    assert_eq!(notices.len(), 2, "one notice per hand-off: {notices:?}");
+    assert!(
+        notices.iter().all(|channel| channel != "job"),
+        "{notices:?}"
+    );
+    assert_ne!(
+        notices[0], notices[1],
+        "each waiter's client has its own channel"
+    );
+    assert_eq!(env.dbsize().await, 0);
+}

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use lockset::redis::aio::ConnectionManager;
 use lockset::{Client, Options, Retry};
-use support::fair::{HANDED_WITHIN, handed, hold, queued_up_to, slow_polling, wait_for_keys};
+use support::fair::{
+    HANDED_WITHIN, handed, hold, queued_up_to, slow_polling, wait_for, wait_for_keys,
+};
 use support::proxy::Proxy;
 use support::{Env, eventually, ms};
 use tokio::time::{Instant, timeout};
@@ -111,6 +113,39 @@ async fn a_release_hands_on_to_a_waiter_queued_by_the_previous_version() {
     );
     // Handed on, still marked (somebody waited for it).
     assert_eq!(env.get("job").await, Some(format!("!{value}")));
+}
+
+/// A rolling upgrade, the other way: a release of the previous version knows nothing of
+/// the clients' own hand-off channels, and tells a waiter on the release channel of the key
+/// its record names (`l`). A waiter whose record names its client's own channel (`c`) still
+/// hears it there, at once.
+#[tokio::test]
+async fn a_hand_off_told_on_the_keys_channel_reaches_a_waiter_that_named_its_own() {
+    let env = Env::start().await;
+    let held = hold(&env, "job").await;
+    let other = env.other_client().await;
+    let waiter = wait_for(&other, "job", slow_polling());
+    queued_up_to(&env, "job", 1).await;
+    let queue = lockset::queue_key_for("job").unwrap();
+    let members: Vec<String> = env.cmd(&["ZRANGE", &queue, "0", "0"]).await;
+    let record: HashMap<String, String> = env.cmd(&["HGETALL", &members[0]]).await;
+    assert!(!record["c"].is_empty(), "names its own channel: {record:?}");
+    // The previous version's hand-off: the key holds the waiter's value, its entry and
+    // record go, and the notice goes on the key's own channel.
+    let _: String = env
+        .cmd(&["SET", "job", &record["v"], "PX", &record["t"]])
+        .await;
+    let _: i64 = env.cmd(&["ZREM", &queue, &members[0]]).await;
+    let _: i64 = env.cmd(&["DEL", &members[0]]).await;
+    let notice = format!("g{}:{}:{}", record["i"], record["s"], record["t"]);
+    let told = Instant::now();
+    let _: i64 = env.cmd(&["PUBLISH", "job", &notice]).await;
+    let lock = handed(HANDED_WITHIN, waiter, "told on the key's channel").await;
+    assert!(told.elapsed() < HANDED_WITHIN, "{:?}", told.elapsed());
+    assert!(lock.valid_until() > Instant::now() + ms(50_000));
+    lock.release().await.unwrap();
+    drop(held);
+    assert_eq!(env.dbsize().await, 0);
 }
 
 /// A queued waiter's strategy delays count time waited, not attempts: a lease renewal

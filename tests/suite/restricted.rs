@@ -166,6 +166,56 @@ async fn a_release_succeeds_when_its_hand_off_needs_a_key_outside_the_users_patt
     assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
 }
 
+/// A user whose channel rights name channels one by one (`resetchannels &pre:a &pre:b`), not
+/// by prefix: the server refuses the clients' own hand-off channels. Their fair waiters hear
+/// their hand-offs on the key's channel instead, and the refusal pauses no other
+/// subscription: a hand-off of `pre:a`, then one of `pre:b` (its channel subscribed after
+/// the refusal), each reaches its waiter at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_with_channels_named_one_by_one_is_still_handed_the_lock() {
+    let server = RedisServer::start();
+    let user = [
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">pw",
+        "~pre:*",
+        "resetchannels",
+        "&pre:a",
+        "&pre:b",
+        "+@all",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let holder = Client::connect(&url).await.unwrap();
+    let waiter = Client::connect(&url).await.unwrap();
+    let slow_polling = Options::default()
+        .retry(Retry::linear(ms(20_000)))
+        .timeout(ms(30_000));
+    for key in ["pre:a", "pre:b"] {
+        let lock = holder
+            .obtain(key, ms(30_000), &Options::default())
+            .await
+            .unwrap();
+        let waiting = tokio::spawn({
+            let (waiter, options) = (waiter.clone(), slow_polling.clone());
+            async move { waiter.obtain(key, ms(10_000), &options).await }
+        });
+        support::eventually(ms(10_000), "the waiter queues", async || {
+            queued(&server, key).await == 1
+        })
+        .await;
+        let released = Instant::now();
+        lock.release().await.unwrap();
+        let theirs = waiting.await.unwrap().expect("handed the lock");
+        let took = released.elapsed();
+        assert!(took < HANDED_WITHIN, "{key}: had the key after {took:?}");
+        theirs.release().await.unwrap();
+    }
+    assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
+}
+
 /// How soon an obtain refused for want of scripts must fail: it asks once and gives up,
 /// without waiting for its deadline.
 const REFUSED_WITHIN: Duration = Duration::from_millis(1_000);

@@ -50,7 +50,9 @@ where
         if let Some(won) = self.take_handed(stint.as_ref()) {
             return Step::Done(won);
         }
-        let ticket = stint.as_ref().map(|stint| stint.sending(how.listen));
+        let ticket = stint
+            .as_ref()
+            .map(|stint| stint.sending(how.listen, how.own_channel));
         let owner = match (self.custom, &stint) {
             (Some(owner), _) => Cow::Borrowed(owner),
             (None, Some(stint)) => Cow::Borrowed(&stint.owner),

@@ -328,7 +328,10 @@ where
             Some(lease) => lease,
             None => Ttl::new(default_waiter_lease(ttl.duration))?,
         };
-        Ok(Some(Fair::new(lease, custom.cloned())))
+        let Some(tag) = self.events().first().map(Events::handoff_tag) else {
+            return Ok(None);
+        };
+        Ok(Some(Fair::new(lease, custom.cloned(), tag)))
     }
 
     /// The fencing counter key, when `options` ask for fencing tokens.

@@ -143,10 +143,18 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
 }
 
 /// A fair waiter's queue arguments, as `obtain.lua` and `lua/modes_*.lua` take them: its lease,
-/// id, turn, and the key it hears its hand-off on (Lua counts from 1).
-pub(super) fn queue_args(ticket: &Ticket) -> (u64, &str, u64, usize) {
+/// id, turn, the key it hears its hand-off on (Lua counts from 1), and its client's hand-off
+/// tag when it hears it on its client's own channel for that key.
+pub(super) fn queue_args(ticket: &Ticket) -> (u64, &str, u64, usize, &str) {
     let listen = ticket.listen + 1;
-    (ticket.lease.millis, ticket.id.as_str(), ticket.turn, listen)
+    let tag = ticket.tag.as_deref().unwrap_or_default();
+    (
+        ticket.lease.millis,
+        ticket.id.as_str(),
+        ticket.turn,
+        listen,
+        tag,
+    )
 }
 
 /// The arguments of the `lua/modes_*.lua` script for operation `op` for `claim`, followed by the operation's

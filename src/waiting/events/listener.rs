@@ -24,18 +24,35 @@ impl Inner {
         let _ = generations.wait_for(|now| *now != generation).await;
     }
 
-    /// Whether subscribing is paused after the server refused it.
-    pub(super) fn refused(&self) -> bool {
-        lock(&self.refused_until).is_some_and(|until| Instant::now() < until)
+    /// Whether subscribing is paused after the server refused it: any channel, or (`own`)
+    /// the client's own hand-off channels.
+    pub(super) fn refused(&self, own: bool) -> bool {
+        let paused = |until: &Mutex<Option<Instant>>| {
+            lock(until).is_some_and(|until| Instant::now() < until)
+        };
+        paused(&self.refused_until) || (own && paused(&self.own_refused_until))
     }
 
-    /// A request on the pub/sub connection failed. A refusal by the server pauses
-    /// subscribing; connection failures, a few in a row, replace the connection.
-    pub(super) fn failed(&self, err: &RedisError) {
+    /// A request on the pub/sub connection failed (for one of the client's own hand-off
+    /// channels when `own`). A refusal by the server pauses subscribing: every channel, or
+    /// only hand-off channels when one of those was refused (their waiters hear their
+    /// hand-offs on the keys' channels meanwhile). Connection failures, a few in a row,
+    /// replace the connection.
+    pub(super) fn failed(&self, err: &RedisError, own: bool) {
         if matches!(err.kind(), redis::ErrorKind::Server(_)) {
-            let mut until = lock(&self.refused_until);
+            let mut until = lock(match own {
+                true => &self.own_refused_until,
+                false => &self.refused_until,
+            });
             if until.is_none() {
-                tracing::warn!(%err, "the server refuses release-event subscriptions; waiters poll");
+                match own {
+                    true => {
+                        tracing::info!(%err, "the server refuses hand-off channels; fair waiters hear their hand-offs on the keys' channels")
+                    }
+                    false => {
+                        tracing::warn!(%err, "the server refuses release-event subscriptions; waiters poll")
+                    }
+                }
             }
             *until = Some(Instant::now() + REFUSED_PAUSE);
             return;
@@ -290,7 +307,7 @@ pub(super) async fn sweeper(inner: Weak<Inner>) {
             if let Some(listener) = listener
                 && let Err(err) = listener.conn.ping().await
             {
-                inner.failed(&err);
+                inner.failed(&err, false);
             }
         }
     }

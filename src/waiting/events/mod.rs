@@ -29,6 +29,14 @@
 //! then skipped, so one release wakes one waiter. A release that deleted nothing announces
 //! nothing, and its record is withdrawn; records never matched expire.
 //!
+//! **Hand-offs.** A release that hands a key to a fair waiter tells it on its client's own
+//! hand-off channel for the key (named with the client's random tag, see `model/names.rs`),
+//! so that only that client hears it; and on the key's release channel, which every client
+//! with a waiter for the key hears, only for a waiter whose own channel was not live (see
+//! `waiting/waiter.rs`). A server that refuses those channels (an ACL that lists channels
+//! by exact name) is asked for them again only after a pause, and its waiters hear their
+//! hand-offs on the key's channel meanwhile: the refusal pauses no other subscription.
+//!
 //! **A quorum** listens on every master with listeners of its own (one per master), which
 //! share a record of the releases they heard: the same release announced by several masters
 //! wakes one waiter, not one per master.
@@ -111,9 +119,14 @@ struct Inner {
     failures: AtomicU32,
     /// Until when subscribing is not tried again, after the server refused it.
     refused_until: Mutex<Option<Instant>>,
+    /// Until when hand-off channels are not subscribed again, after the server refused one.
+    own_refused_until: Mutex<Option<Instant>>,
+    /// This client's hand-off tag (see [`Events::handoff_tag`]).
+    tag: Arc<str>,
     sweeper: AtomicBool,
     channels: Mutex<HashMap<String, Channel>>,
-    /// How many channels have waiters, readable without the lock on every release.
+    /// How many release channels have waiters (hand-off channels not counted), readable
+    /// without the lock on every release.
     watched: AtomicUsize,
     /// How many channels `channels` holds (with waiters, or idle and maybe still
     /// subscribed), readable without the lock on every obtain.
@@ -221,6 +234,8 @@ impl Channel {
 
 /// Whether the server has a channel's subscription; `op` serialises changing it.
 struct ChannelState {
+    /// A client's own hand-off channel (see [`Events::subscribe_own`]).
+    own: bool,
     op: Arc<tokio::sync::Mutex<()>>,
     /// The generation of the listener that has the subscription, if any.
     subscribed: watch::Sender<Option<u64>>,
@@ -228,9 +243,10 @@ struct ChannelState {
     subscribing: AtomicBool,
 }
 
-impl Default for ChannelState {
-    fn default() -> Self {
+impl ChannelState {
+    fn new(own: bool) -> Self {
         Self {
+            own,
             op: Arc::default(),
             subscribed: watch::Sender::new(None),
             subscribing: AtomicBool::new(false),
@@ -286,6 +302,8 @@ impl Events {
                 generation: watch::Sender::new(0),
                 failures: AtomicU32::new(0),
                 refused_until: Mutex::new(None),
+                own_refused_until: Mutex::new(None),
+                tag: format!("{:016x}", rand::rng().next_u64()).into(),
                 sweeper: AtomicBool::new(false),
                 channels: Mutex::default(),
                 watched: AtomicUsize::new(0),
@@ -293,6 +311,12 @@ impl Events {
                 heard,
             }),
         }
+    }
+
+    /// This client's hand-off tag: random, so that each client's fair waiters hear their
+    /// hand-offs on channels of its own (see `model/names.rs`, `handoff_channel`).
+    pub(crate) fn handoff_tag(&self) -> Arc<str> {
+        self.inner.tag.clone()
     }
 
     /// Registers a waiter of `channel`, `sharing` its key (shared, or as a permit) or not,
@@ -304,6 +328,23 @@ impl Events {
         sharing: bool,
         grant: Option<(&str, &Arc<Grant>)>,
     ) -> Subscription {
+        self.register(channel, sharing, grant, false)
+    }
+
+    /// Registers a fair waiter on its client's own hand-off `channel` for one of its keys,
+    /// under the id by which a hand-off names it and where the hand-off lands; see
+    /// [`Subscription::settle`].
+    pub(crate) fn subscribe_own(&self, channel: &str, grant: (&str, &Arc<Grant>)) -> Subscription {
+        self.register(channel, false, Some(grant), true)
+    }
+
+    fn register(
+        &self,
+        channel: &str,
+        sharing: bool,
+        grant: Option<(&str, &Arc<Grant>)>,
+        own: bool,
+    ) -> Subscription {
         let mut channels = lock(&self.inner.channels);
         let entry = channels.entry(channel.to_owned()).or_insert_with(|| {
             self.inner.known.fetch_add(1, Ordering::Relaxed);
@@ -312,7 +353,7 @@ impl Events {
                 sharers: 0,
                 wakes: Arc::default(),
                 notify: Arc::new(Notify::new()),
-                state: Arc::default(),
+                state: Arc::new(ChannelState::new(own)),
                 idle_since: None,
                 lapsed: false,
                 expected: Vec::new(),
@@ -322,7 +363,8 @@ impl Events {
         entry.waiters += 1;
         entry.sharers += usize::from(sharing);
         entry.idle_since = None;
-        if entry.waiters == 1 {
+        // A hand-off channel goes with a release channel: only those are counted.
+        if entry.waiters == 1 && !own {
             self.inner.watched.fetch_add(1, Ordering::Relaxed);
         }
         let grant = grant.map(|(id, grant)| {
@@ -440,7 +482,7 @@ impl Events {
     /// (not after the old one's time limits: it may go on trying a server that is gone for
     /// seconds, and while this task runs no other subscribes the channel).
     async fn subscribe_now(&self, channel: &str, state: &ChannelState) {
-        if self.inner.refused() {
+        if self.inner.refused(state.own) {
             return;
         }
         loop {
@@ -467,7 +509,7 @@ impl Events {
             match subscribed.await {
                 Ok(true) => return self.inner.failures.store(0, Ordering::Relaxed),
                 Ok(false) => {}
-                Err(err) => return self.inner.failed(&err),
+                Err(err) => return self.inner.failed(&err, state.own),
             }
         }
     }

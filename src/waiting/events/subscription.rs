@@ -96,6 +96,34 @@ impl Subscription {
         }
     }
 
+    /// For a client's own hand-off channel: makes sure the server gets the subscription, and
+    /// waits for it no later than `until` (without `until`, for as long as a subscription
+    /// takes); true once it has it, false as soon as a try ends without it (refused, or the
+    /// connection failed). The waiter then hears its hand-off on the key's channel, so it
+    /// does not wait on for this one.
+    pub(crate) async fn settle(&self, until: Option<Instant>) -> bool {
+        let mut subscribed = self.state.subscribed.subscribe();
+        self.renew();
+        let settled = async {
+            loop {
+                if subscribed.borrow_and_update().is_some() {
+                    return true;
+                }
+                // A try ended (the task tells when, see `start_subscribing`) without it.
+                if !self.state.subscribing.load(Ordering::Acquire) {
+                    return false;
+                }
+                if subscribed.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        let until = until.unwrap_or_else(|| Instant::now() + REQUEST_TIMEOUT * 2);
+        tokio::time::timeout_at(until, settled)
+            .await
+            .unwrap_or(false)
+    }
+
     /// Starts subscribing in the background when the server lacks this subscription, as
     /// far as is known (without waiting for it).
     pub(crate) fn renew(&self) {
@@ -117,6 +145,10 @@ impl Subscription {
         tokio::spawn(async move {
             events.subscribe_now(&channel, &state).await;
             state.subscribing.store(false, Ordering::Release);
+            if state.own {
+                // Tells `settle` that the try ended, also without the subscription.
+                state.subscribed.send_modify(|_| {});
+            }
         });
     }
 }
@@ -136,7 +168,9 @@ impl Drop for Subscription {
         if entry.waiters == 0 {
             entry.idle_since = Some(Instant::now());
             entry.expected.clear();
-            inner.watched.fetch_sub(1, Ordering::Relaxed);
+            if !self.state.own {
+                inner.watched.fetch_sub(1, Ordering::Relaxed);
+            }
         } else if *self.woken.get_mut() {
             // Leaving without the lock: the next waiter gets the wake-up.
             entry.notify.notify_one();
