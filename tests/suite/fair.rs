@@ -15,6 +15,7 @@ use support::fair::{
 };
 use support::proxy::Proxy;
 use support::{Env, Exclusion, eventually, ms};
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
 #[tokio::test]
@@ -85,25 +86,11 @@ async fn a_release_hands_the_lock_to_the_waiter_without_a_race() {
 async fn a_single_key_hand_off_does_not_count_its_queue() {
     let env = Env::start().await;
     let held = hold(&env, "job").await;
-    let mut waiters = Vec::new();
-    for i in 0..2 {
-        let other = env.other_client().await;
-        waiters.push(tokio::spawn(async move {
-            let lock = other.obtain("job", ms(10_000), &slow_polling()).await?;
-            lock.release().await
-        }));
-        queued_up_to(&env, "job", i + 1).await;
-    }
+    let waiters = releasing_waiters(&env, "job", 2).await;
     let counted = env.calls("zcard").await;
     let handed = env.calls("hmget").await;
     held.release().await.unwrap();
-    for waiter in waiters {
-        timeout(HANDED_WITHIN * 2, waiter)
-            .await
-            .expect("each waiter had its turn")
-            .unwrap()
-            .unwrap();
-    }
+    each_had_its_turn(waiters, HANDED_WITHIN * 2).await;
     // Two hand-offs (the holder's release, then the first waiter's), no queue counted.
     assert_eq!(env.calls("hmget").await - handed, 2, "two hand-offs");
     assert_eq!(env.calls("zcard").await - counted, 0);
@@ -657,24 +644,10 @@ async fn a_hand_off_is_told_to_its_waiters_client_alone() {
         .unwrap();
     all.psubscribe("*").await.unwrap();
     let held = hold(&env, "job").await;
-    let mut waiters = Vec::new();
-    for i in 0..2 {
-        let other = env.other_client().await;
-        waiters.push(tokio::spawn(async move {
-            let lock = other.obtain("job", ms(10_000), &slow_polling()).await?;
-            lock.release().await
-        }));
-        queued_up_to(&env, "job", i + 1).await;
-    }
+    let waiters = releasing_waiters(&env, "job", 2).await;
     let released = Instant::now();
     held.release().await.unwrap();
-    for waiter in waiters {
-        timeout(HANDED_WITHIN * 2, waiter)
-            .await
-            .expect("each waiter had its turn")
-            .unwrap()
-            .unwrap();
-    }
+    each_had_its_turn(waiters, HANDED_WITHIN * 2).await;
     assert!(
         released.elapsed() < HANDED_WITHIN * 2,
         "{:?}",
@@ -701,4 +674,34 @@ async fn a_hand_off_is_told_to_its_waiters_client_alone() {
         "each waiter's client has its own channel"
     );
     assert_eq!(env.dbsize().await, 0);
+}
+
+/// Spawns `n` waiters for `key`, each in a client of its own and queued before the next
+/// starts; each releases the lock as soon as it has it.
+async fn releasing_waiters(
+    env: &Env,
+    key: &'static str,
+    n: i64,
+) -> Vec<JoinHandle<Result<(), lockset::Error>>> {
+    let mut waiters = Vec::new();
+    for i in 0..n {
+        let other = env.other_client().await;
+        waiters.push(tokio::spawn(async move {
+            let lock = other.obtain(key, ms(10_000), &slow_polling()).await?;
+            lock.release().await
+        }));
+        queued_up_to(env, key, i + 1).await;
+    }
+    waiters
+}
+
+/// Waits until every one of `waiters` had the lock and released it, within `within` each.
+async fn each_had_its_turn(waiters: Vec<JoinHandle<Result<(), lockset::Error>>>, within: Duration) {
+    for waiter in waiters {
+        timeout(within, waiter)
+            .await
+            .expect("each waiter had its turn")
+            .unwrap()
+            .unwrap();
+    }
 }

@@ -9,8 +9,9 @@ use crate::support;
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionManager;
-use lockset::{Client, Mode, Options, Retry};
+use lockset::{Client, Lock, Mode, Options, Retry};
 use support::{RedisServer, ms};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// How soon a queued waiter must have the lock after the release: only the hand-off can
@@ -39,6 +40,26 @@ async fn restricted() -> (
 async fn queued(server: &RedisServer, key: &str) -> usize {
     let mut conn = support::connect(server).await;
     lockset::read_queue(&mut conn, key).await.unwrap().len()
+}
+
+/// Once a waiter is in `key`'s queue, releases `lock`: the waiter's obtain (`waiting`) has
+/// the lock within [`HANDED_WITHIN`] of the release, and releases it.
+async fn release_to_the_queued_waiter(
+    server: &RedisServer,
+    key: &str,
+    lock: Lock<ConnectionManager>,
+    waiting: JoinHandle<Result<Lock<ConnectionManager>, lockset::Error>>,
+) {
+    support::eventually(ms(10_000), "the waiter queues", async || {
+        queued(server, key).await == 1
+    })
+    .await;
+    let released = Instant::now();
+    lock.release().await.unwrap();
+    let theirs = waiting.await.unwrap().expect("handed the lock");
+    let took = released.elapsed();
+    assert!(took < HANDED_WITHIN, "{key}: had the keys after {took:?}");
+    theirs.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,16 +174,7 @@ async fn a_release_succeeds_when_its_hand_off_needs_a_key_outside_the_users_patt
                 .await
         }
     });
-    support::eventually(ms(10_000), "the waiter queues", async || {
-        queued(&server, "pre:{t}:a").await == 1
-    })
-    .await;
-    let released = Instant::now();
-    lock.release().await.unwrap();
-    let theirs = waiting.await.unwrap().expect("woken by the release");
-    let took = released.elapsed();
-    assert!(took < HANDED_WITHIN, "had the keys after {took:?}");
-    theirs.release().await.unwrap();
+    release_to_the_queued_waiter(&server, "pre:{t}:a", lock, waiting).await;
     assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
 }
 
@@ -202,16 +214,7 @@ async fn a_user_with_channels_named_one_by_one_is_still_handed_the_lock() {
             let (waiter, options) = (waiter.clone(), slow_polling.clone());
             async move { waiter.obtain(key, ms(10_000), &options).await }
         });
-        support::eventually(ms(10_000), "the waiter queues", async || {
-            queued(&server, key).await == 1
-        })
-        .await;
-        let released = Instant::now();
-        lock.release().await.unwrap();
-        let theirs = waiting.await.unwrap().expect("handed the lock");
-        let took = released.elapsed();
-        assert!(took < HANDED_WITHIN, "{key}: had the key after {took:?}");
-        theirs.release().await.unwrap();
+        release_to_the_queued_waiter(&server, key, lock, waiting).await;
     }
     assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
 }
