@@ -307,7 +307,11 @@ impl<'a> Waiter<'a> {
             // Live on one server is enough to be woken, but not for good: where the
             // subscription lapsed (a quorum master's connection was replaced), subscribe
             // again in the background; while another master stays live, nobody else would.
-            for subscription in &self.ears[ear].subscriptions {
+            // So is the client's own hand-off channel, replaced with the connection (a
+            // Sentinel failover) and subscribed again by nobody else while this obtain
+            // waits: its hand-offs would go on the key's channel, heard by every client.
+            let ear = &self.ears[ear];
+            for subscription in ear.subscriptions.iter().chain(&ear.own) {
                 subscription.renew();
             }
             return false;
