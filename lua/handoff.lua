@@ -106,11 +106,17 @@ local function grant(member, record, keys, modes, left, listen, key, notice)
   end
   redis.call('DEL', member)
   if notice ~= '' then
-    local channel = listen
+    local told = 'g' .. id .. ':' .. turn .. ':' .. string.format('%.0f', px)
+    local refused = true
     if record.c and record.c ~= '' then
-      channel = handoff_channel(listen, record.c)
+      -- Checked against this script's user's channel rights, not the waiter's: one that
+      -- names channels one by one is refused it, and the waiter hears the key's channel too.
+      local reply = redis.pcall(notice, handoff_channel(listen, record.c), told)
+      refused = type(reply) == 'table' and reply.err ~= nil
     end
-    redis.pcall(notice, channel, 'g' .. id .. ':' .. turn .. ':' .. string.format('%.0f', px))
+    if refused then
+      redis.pcall(notice, listen, told)
+    end
   end
 end
 

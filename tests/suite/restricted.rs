@@ -219,6 +219,35 @@ async fn a_user_with_channels_named_one_by_one_is_still_handed_the_lock() {
     assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
 }
 
+/// A release runs as its holder's user, and Redis checks a script's `PUBLISH` against that
+/// user's channel rights, not the waiter's. A holder whose rights name channels one by one
+/// (`&pre:a`) is refused the waiter's own hand-off channel, which the waiter (another user,
+/// `&*`) named: the release then tells it on the key's channel, where it listens too. (Once
+/// the refusal was swallowed, and the waiter learnt of its lock only at its next renewal.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_refused_the_waiters_hand_off_channel_tells_it_on_the_keys() {
+    let server = RedisServer::start();
+    let rights = "~pre:* resetchannels &pre:a +@all";
+    let user = ["ACL", "SETUSER", "locker", "on", ">pw"];
+    let user: Vec<&str> = user.into_iter().chain(rights.split(' ')).collect();
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let holder = Client::connect(&url).await.unwrap();
+    let waiter = Client::connect(&server.url()).await.unwrap();
+    let lock = holder
+        .obtain("pre:a", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let options = Options::default()
+            .retry(Retry::linear(ms(20_000)))
+            .timeout(ms(30_000));
+        waiter.obtain("pre:a", ms(10_000), &options).await
+    });
+    release_to_the_queued_waiter(&server, "pre:a", lock, waiting).await;
+    assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
+}
+
 /// How soon an obtain refused for want of scripts must fail: it asks once and gives up,
 /// without waiting for its deadline.
 const REFUSED_WITHIN: Duration = Duration::from_millis(1_000);
