@@ -33,7 +33,7 @@
 //! hand-off channel for the key (named with the client's random tag, see `model/names.rs`),
 //! so that only that client hears it; and on the key's release channel, which every client
 //! with a waiter for the key hears, only for a waiter whose own channel was not live (see
-//! `waiting/waiter.rs`). A server that refuses those channels (an ACL that lists channels
+//! `waiting/waiter.rs`), or when the releasing user may not publish on it (`lua/handoff.lua`). A server that refuses those channels (an ACL that lists channels
 //! by exact name) is asked for them again only after a pause, and its waiters hear their
 //! hand-offs on the key's channel meanwhile: the refusal pauses no other subscription.
 //!
