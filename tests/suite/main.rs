@@ -9,6 +9,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod announcements;
 mod auth;
 mod blocking;
 mod cli;

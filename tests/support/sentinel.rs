@@ -429,6 +429,13 @@ impl Failover {
         self.links[i].stall(true);
     }
 
+    /// Gives every failover a minute (`failover-timeout`): a sentinel leading one then waits
+    /// that long (or 10 s per replica that does not answer) for the replicas it
+    /// reconfigures before it announces the switch.
+    pub fn slow_failovers(&self) {
+        self.set_failover_timeout(HELD_FAILOVER_TIMEOUT);
+    }
+
     /// Sets every sentinel's `failover-timeout` for the primary.
     fn set_failover_timeout(&self, millis: &str) {
         for sentinel in &self.sentinels {

@@ -287,6 +287,27 @@ impl Follower {
         self.compare(&elected) && !elected.down && !elected.failing_over
     }
 
+    /// Heard `+switch-master` (its `payload`): forgets the primary (announcing the change),
+    /// unless the address announced is the one followed already. The sentinel that leads a
+    /// failover announces it only once it has reconfigured the replicas, seconds after the
+    /// others named the new primary; a client that looked it up meanwhile follows it
+    /// already, and forgetting it would undo the obtains on their way there (see
+    /// `Store::obtain`). The sentinels are asked again right after (`watch_switches`): a
+    /// majority naming a newer epoch (a failover back to it that this client missed) still
+    /// has it forgotten.
+    pub(super) fn announced(&self, payload: &[u8]) {
+        let followed = lock(&self.current)
+            .as_ref()
+            .map(|primary| (primary.host.clone(), primary.port));
+        let announced = announced_address(payload);
+        if followed.is_some() && announced == followed {
+            tracing::debug!(master = %self.config.master, "a sentinel announced the switch to the primary followed already");
+            return;
+        }
+        tracing::info!(master = %self.config.master, "the sentinels switched the primary");
+        self.switched();
+    }
+
     /// Starts listening for `+switch-master` (once).
     pub(super) fn watch_switches(self: &Arc<Self>) {
         if self.watching.swap(true, Ordering::AcqRel) {
@@ -341,31 +362,64 @@ pub(super) async fn watch_switches(follower: Weak<Follower>) {
                 tokio::select! {
                     message = messages.next() => match message {
                         Some(message) if message.get_payload_bytes().starts_with(&prefix) => {
-                            break Some(true);
+                            break Heard::Switch(message.get_payload_bytes().to_vec());
                         }
                         Some(_) => {}
-                        None => break None,
+                        None => break Heard::Gone,
                     },
-                    () = tokio::time::sleep_until(until) => break Some(false),
+                    () = tokio::time::sleep_until(until) => break Heard::Nothing,
                 }
             };
             match heard {
-                Some(true) => match follower.upgrade() {
-                    Some(f) => {
-                        tracing::info!(master = %config.master, "the sentinels switched the primary");
-                        f.switched();
-                    }
+                Heard::Switch(announced) => match follower.upgrade() {
+                    Some(f) => f.announced(&announced),
                     None => return,
                 },
                 // A sentinel that stopped answering is left for the next.
-                Some(false) => {
+                Heard::Nothing => {
                     let pinged = tokio::time::timeout(limit, sink.ping::<Value>()).await;
                     if !matches!(pinged, Ok(Ok(_))) {
                         break;
                     }
                 }
-                None => break,
+                Heard::Gone => break,
             }
         }
+    }
+}
+
+/// What the sentinel a follower listens to said within a check's period.
+enum Heard {
+    /// A `+switch-master` of the followed master (its payload).
+    Switch(Vec<u8>),
+    /// Nothing of the master.
+    Nothing,
+    /// The subscription ended.
+    Gone,
+}
+
+/// The new address a `+switch-master` payload announces (`<master> <old ip> <old port>
+/// <new ip> <new port>`).
+fn announced_address(payload: &[u8]) -> Option<(String, u16)> {
+    let text = std::str::from_utf8(payload).ok()?;
+    let mut words = text.rsplit(' ');
+    let port = words.next()?.parse().ok()?;
+    let host = words.next()?;
+    Some((host.to_owned(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::announced_address;
+
+    #[test]
+    fn an_announcement_names_the_new_address_last() {
+        let said = b"locks 127.0.0.1 6379 127.0.0.1 6380";
+        assert_eq!(
+            announced_address(said),
+            Some(("127.0.0.1".to_owned(), 6380))
+        );
+        assert_eq!(announced_address(b"locks 127.0.0.1 6379 ::1 x"), None);
+        assert_eq!(announced_address(b"6380"), None);
     }
 }
