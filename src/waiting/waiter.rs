@@ -162,10 +162,13 @@ impl<'a> Waiter<'a> {
         for subscription in self.ears.iter().flat_map(|e| &e.subscriptions) {
             subscription.attempting();
         }
-        if self.queueing() && !self.live_at_send.is_empty() {
+        // The waiter's own channel is named only beside a key's channel live at send: a
+        // release of an older version tells the key's channel alone.
+        let renamed = self.queueing() && !self.live_at_send.is_empty();
+        if renamed {
             self.named = self.named_channel();
         }
-        self.named_own = self.queueing() && self.named_ear().is_some_and(Ear::own_is_live);
+        self.named_own = renamed && self.named_ear().is_some_and(Ear::own_is_live);
         if let (Some(fair), Some(handed)) = (self.fair, self.grant.as_ref().and_then(|g| g.take()))
         {
             fair.handed(handed);

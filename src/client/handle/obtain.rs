@@ -319,17 +319,17 @@ where
         let fair = !options.barging
             && !matches!(options.retry, Retry::NoRetry)
             && !self.backend().is_quorum()
-            && !self.events().is_empty()
             && keys.iter().all(|key| crate::model::names::has_queue(key));
         if !fair {
             return Ok(None);
         }
+        // A client without release events (none to hear a hand-off on) never queues.
+        let Some(tag) = self.events().first().map(Events::handoff_tag) else {
+            return Ok(None);
+        };
         let lease = match given {
             Some(lease) => lease,
             None => Ttl::new(default_waiter_lease(ttl.duration))?,
-        };
-        let Some(tag) = self.events().first().map(Events::handoff_tag) else {
-            return Ok(None);
         };
         Ok(Some(Fair::new(lease, custom.cloned(), tag)))
     }
