@@ -41,7 +41,7 @@ async fn a_late_announcement_of_the_primary_a_client_follows_changes_nothing() {
         .unwrap();
     pubsub.subscribe("+switch-master").await.unwrap();
     let mut announcements = pubsub.into_on_message();
-    // Paused, node 1 holds the leader's failover open (it waits to reconfigure it).
+    // Paused, node 1 holds the leader's failover open: it waits up to 10 s to reconfigure it.
     failover.nodes[1].pause();
     let old = failover.nodes[0].port();
     failover.fail_over_on_purpose();

@@ -429,11 +429,29 @@ impl Failover {
         self.links[i].stall(true);
     }
 
-    /// Gives every failover a minute (`failover-timeout`): a sentinel leading one then waits
-    /// that long (or 10 s per replica that does not answer) for the replicas it
-    /// reconfigures before it announces the switch.
+    /// Gives every failover a minute (`failover-timeout`), and counts nothing down before
+    /// 30 s (`down-after-milliseconds`; a failover then has to be asked for): a sentinel
+    /// leading one waits for the replicas it reconfigures before it announces the switch,
+    /// for a replica that does not answer 10 s (it skips one it counts down).
     pub fn slow_failovers(&self) {
         self.set_failover_timeout(HELD_FAILOVER_TIMEOUT);
+        for sentinel in &self.sentinels {
+            let reply = self.ask_sentinel(
+                sentinel.port(),
+                &[
+                    "SENTINEL",
+                    "SET",
+                    MASTER,
+                    "down-after-milliseconds",
+                    "30000",
+                ],
+            );
+            assert_eq!(
+                reply.trim(),
+                "OK",
+                "SENTINEL SET down-after-milliseconds: {reply}"
+            );
+        }
     }
 
     /// Sets every sentinel's `failover-timeout` for the primary.
