@@ -435,33 +435,20 @@ impl Failover {
     /// for a replica that does not answer 10 s (it skips one it counts down).
     pub fn slow_failovers(&self) {
         self.set_failover_timeout(HELD_FAILOVER_TIMEOUT);
-        for sentinel in &self.sentinels {
-            let reply = self.ask_sentinel(
-                sentinel.port(),
-                &[
-                    "SENTINEL",
-                    "SET",
-                    MASTER,
-                    "down-after-milliseconds",
-                    "30000",
-                ],
-            );
-            assert_eq!(
-                reply.trim(),
-                "OK",
-                "SENTINEL SET down-after-milliseconds: {reply}"
-            );
-        }
+        self.set_on_sentinels("down-after-milliseconds", "30000");
     }
 
     /// Sets every sentinel's `failover-timeout` for the primary.
     fn set_failover_timeout(&self, millis: &str) {
+        self.set_on_sentinels("failover-timeout", millis);
+    }
+
+    /// Sets `option` of the primary to `value` on every sentinel (`SENTINEL SET`).
+    fn set_on_sentinels(&self, option: &str, value: &str) {
         for sentinel in &self.sentinels {
-            let reply = self.ask_sentinel(
-                sentinel.port(),
-                &["SENTINEL", "SET", MASTER, "failover-timeout", millis],
-            );
-            assert_eq!(reply.trim(), "OK", "SENTINEL SET failover-timeout: {reply}");
+            let reply =
+                self.ask_sentinel(sentinel.port(), &["SENTINEL", "SET", MASTER, option, value]);
+            assert_eq!(reply.trim(), "OK", "SENTINEL SET {option}: {reply}");
         }
     }
 
