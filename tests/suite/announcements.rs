@@ -27,6 +27,16 @@ fn role_calls(failover: &Failover, port: u16) -> u64 {
         .unwrap_or(0)
 }
 
+/// How many clients of the sentinel at `port` subscribe to a channel (`PUBSUB NUMSUB` is
+/// refused on a sentinel).
+fn subscribers(failover: &Failover, port: u16) -> usize {
+    let clients = failover.ask_sentinel(port, &["CLIENT", "LIST"]);
+    clients
+        .lines()
+        .filter(|line| line.contains(" sub=1 "))
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_announcement_of_the_primary_a_client_follows_changes_nothing() {
     // Node 1 is never promoted, node 2 is the successor.
@@ -68,6 +78,15 @@ async fn a_late_announcement_of_the_primary_a_client_follows_changes_nothing() {
         "the leader announced the switch before the client looked the primary up"
     );
 
+    // The client listens on the leader (beside this test) before the leader announces.
+    let start = Instant::now();
+    while subscribers(&failover, leader) < 2 {
+        assert!(
+            start.elapsed() < ms(10_000),
+            "the client never subscribed to the leader"
+        );
+        tokio::time::sleep(ms(20)).await;
+    }
     failover.nodes[1].resume();
     let heard = tokio::time::timeout(ms(20_000), announcements.next())
         .await

@@ -296,16 +296,21 @@ impl Follower {
     /// majority naming a newer epoch (a failover back to it that this client missed) still
     /// has it forgotten.
     pub(super) fn announced(&self, payload: &[u8]) {
-        let followed = lock(&self.current)
-            .as_ref()
-            .map(|primary| (primary.host.clone(), primary.port));
         let announced = announced_address(payload);
-        if followed.is_some() && announced == followed {
-            tracing::debug!(master = %self.config.master, "a sentinel announced the switch to the primary followed already");
-            return;
+        // Compared and forgotten under one lock: a lookup in between is not forgotten.
+        {
+            let mut current = lock(&self.current);
+            let followed = current
+                .as_ref()
+                .is_some_and(|p| announced.as_ref() == Some(&(p.host.clone(), p.port)));
+            if followed {
+                tracing::debug!(master = %self.config.master, "a sentinel announced the switch to the primary followed already");
+                return;
+            }
+            current.take();
         }
         tracing::info!(master = %self.config.master, "the sentinels switched the primary");
-        self.switched();
+        self.changes.send_modify(|n| *n += 1);
     }
 
     /// Starts listening for `+switch-master` (once).
