@@ -300,9 +300,13 @@ impl Follower {
         // Compared and forgotten under one lock: a lookup in between is not forgotten.
         {
             let mut current = lock(&self.current);
-            let followed = current
-                .as_ref()
-                .is_some_and(|p| announced.as_ref() == Some(&(p.host.clone(), p.port)));
+            let followed =
+                current
+                    .as_ref()
+                    .zip(announced.as_ref())
+                    .is_some_and(|(primary, (host, port))| {
+                        primary.host == *host && primary.port == *port
+                    });
             if followed {
                 tracing::debug!(master = %self.config.master, "a sentinel announced the switch to the primary followed already");
                 return;
