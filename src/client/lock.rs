@@ -9,7 +9,6 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::Instrument as _;
 
 use crate::client::options::Options;
 use crate::client::state::ClientState;
@@ -19,7 +18,7 @@ use crate::model::names::release_channel;
 use crate::model::request::{Claim, Ttl};
 use crate::model::value::Owner;
 use crate::observe::meter::{self, HoldTimer, Meter};
-use crate::observe::{self, Op, finished, op_span};
+use crate::observe::{self, Op, finished, in_span, op_span};
 use crate::rt::signal::LostSignal;
 use crate::topology::stragglers::Stragglers;
 use crate::waiting::events::{after_queueing, release_payload};
@@ -299,7 +298,7 @@ where
     pub async fn ttl(&self) -> Result<Option<Duration>> {
         let sent = Instant::now();
         let span = op_span!("lockset.ttl", &self.keys);
-        let left = self.ttl_once(sent).instrument(span.clone()).await;
+        let left = in_span!(&span, self.ttl_once(sent));
         finished(&span, Op::Ttl, 1, sent, &left);
         left
     }
@@ -346,21 +345,10 @@ where
         let span = op_span!("lockset.refresh", &self.keys);
         let mut watch = Watch::new(&self.keys, options.on_retry.as_ref());
         let limit = policy::Limit { start, deadline };
-        let refreshed = policy::run(
-            &options.retry,
-            limit,
-            &mut Waiter::sleeping(),
-            &mut watch,
-            |_, _| async move {
-                match self.refresh_once(ttl, options.metadata.as_deref()).await {
-                    Ok(true) => Step::Done(()),
-                    Ok(false) => Step::Stop(Error::NotHeld),
-                    Err(err) => Step::from_error(err),
-                }
-            },
-        )
-        .instrument(span.clone())
-        .await;
+        let refreshed = in_span!(
+            &span,
+            self.refresh_retrying(ttl, options, limit, &mut watch)
+        );
         let op = Op::Refresh(self.holding.meter());
         finished(&span, op, watch.attempts, start, &refreshed);
         refreshed
@@ -421,7 +409,7 @@ where
     pub(crate) async fn release_keys(&self) -> Result<()> {
         let start = Instant::now();
         let span = op_span!("lockset.release", &self.keys);
-        let released = self.release_once(start).instrument(span.clone()).await;
+        let released = in_span!(&span, self.release_once(start));
         finished(
             &span,
             Op::Release(self.holding.meter()),
@@ -495,14 +483,36 @@ where
     }
 
     /// Refreshes once with the TTL the lock was obtained with (for the watchdog), in a
+    /// Refreshes to `ttl`, retrying per `options` within `limit`.
+    async fn refresh_retrying(
+        &self,
+        ttl: Ttl,
+        options: &Options,
+        limit: policy::Limit,
+        watch: &mut Watch<'_>,
+    ) -> Result<()> {
+        let metadata = options.metadata.as_deref();
+        policy::run(
+            &options.retry,
+            limit,
+            &mut Waiter::sleeping(),
+            watch,
+            |_, _| async move {
+                match self.refresh_once(ttl, metadata).await {
+                    Ok(true) => Step::Done(()),
+                    Ok(false) => Step::Stop(Error::NotHeld),
+                    Err(err) => Step::from_error(err),
+                }
+            },
+        )
+        .await
+    }
+
     /// `lockset.refresh` span of its own, recorded as a refresh by hand would be.
     pub(crate) async fn refresh_with_own_ttl(&self) -> Result<bool> {
         let start = Instant::now();
         let span = op_span!("lockset.refresh", &self.keys);
-        let refreshed = self
-            .refresh_once(self.ttl, None)
-            .instrument(span.clone())
-            .await;
+        let refreshed = in_span!(&span, self.refresh_once(self.ttl, None));
         let op = || Op::Refresh(self.holding.meter());
         match &refreshed {
             Ok(false) => finished(&span, op(), 1, start, &Err::<(), _>(Error::NotHeld)),

@@ -119,6 +119,22 @@ macro_rules! op_span {
 }
 pub(crate) use op_span;
 
+/// Awaits `$future` inside `$span`, or as it is when the span is disabled (no subscriber
+/// wants it): wrapping costs moves of the whole future on every operation (about 0.1 µs of
+/// an uncontended obtain and release). `$future` is written out in both branches, so that
+/// each builds it in place: pass a call, not a closure, or its code is made twice.
+macro_rules! in_span {
+    ($span:expr, $future:expr) => {{
+        let span: &tracing::Span = $span;
+        if span.is_disabled() {
+            $future.await
+        } else {
+            tracing::Instrument::instrument($future, span.clone()).await
+        }
+    }};
+}
+pub(crate) use in_span;
+
 /// Which operation ended, with what its metrics need.
 pub(crate) enum Op<'a> {
     /// An obtain, of the lock family `meter`, and what its waiting saw.

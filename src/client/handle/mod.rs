@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use tokio::time::Instant;
-use tracing::Instrument as _;
 
 use crate::client::link::Link;
 use crate::client::lock::{Lock, Obtained};
@@ -35,7 +34,7 @@ use crate::model::request::{Claim, Held, IfHeld, OwnedClaim, Ttl};
 use crate::model::retry::Retry;
 use crate::model::validate;
 use crate::model::value::Owner;
-use crate::observe::{Op, Progress, finished, op_span};
+use crate::observe::{Op, Progress, finished, in_span, op_span};
 use crate::rt::signal::LostSignal;
 use crate::rt::tasks::Tasks;
 use crate::server::replication::{Replicas, Replication};

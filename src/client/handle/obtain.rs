@@ -230,10 +230,10 @@ where
             // Counted among the waiters (when it waits) until it ends.
             let mut watch = Watch::new(&keys, options.on_retry.as_ref());
             watch.progress = Progress::of(meter);
-            let obtained = self
-                .try_obtain(&keys, modes, ttl, options, start, &mut watch)
-                .instrument(span.clone())
-                .await;
+            let obtained = in_span!(
+                &span,
+                self.try_obtain(&keys, modes, ttl, options, start, &mut watch)
+            );
             let op = Op::Obtain(meter, &watch.progress);
             finished(&span, op, watch.attempts, start, &obtained);
             obtained?
