@@ -4,6 +4,8 @@
 
 use super::*;
 
+use std::sync::MutexGuard;
+
 impl Follower {
     /// The current primary, looked up when none is known.
     pub(super) async fn primary(self: &Arc<Self>) -> RedisResult<Primary> {
@@ -191,7 +193,15 @@ impl Follower {
 
     /// The sentinels announced a new primary: forget the old one, and tell release events.
     pub(super) fn switched(&self) {
-        lock(&self.current).take();
+        self.let_go(lock(&self.current));
+    }
+
+    /// Forgets the primary `current` guards (the next request looks it up again) and tells
+    /// release events, which listen on the primary, that it changed. Takes the guard that
+    /// the caller decided under, so that a lookup in between is not the one forgotten.
+    fn let_go(&self, mut current: MutexGuard<'_, Option<Primary>>) {
+        current.take();
+        drop(current);
         self.changes.send_modify(|n| *n += 1);
     }
 
@@ -259,14 +269,9 @@ impl Follower {
         let Some(primary) = current.as_mut() else {
             return false;
         };
-        if elected.host != primary.host
-            || elected.port != primary.port
-            || elected.epoch > primary.epoch
-        {
+        if names_another(elected, &primary.host, primary.port, primary.epoch) {
             tracing::info!(host = %primary.host, port = primary.port, new_host = %elected.host, new_port = elected.port, epoch = elected.epoch, "the sentinels name a new primary, or a newer epoch");
-            *current = None;
-            drop(current);
-            self.changes.send_modify(|n| *n += 1);
+            self.let_go(current);
             return false;
         }
         primary.replicas = elected.replicas.clone().into();
@@ -294,27 +299,22 @@ impl Follower {
     /// already, and forgetting it would undo the obtains on their way there (see
     /// `Store::obtain`). The sentinels are asked again right after (`watch_switches`): a
     /// majority naming a newer epoch (a failover back to it that this client missed) still
-    /// has it forgotten.
+    /// has it forgotten; while no majority answers, the next check (every few seconds) or a
+    /// failed request does, as after an announcement this client did not hear.
     pub(super) fn announced(&self, payload: &[u8]) {
         let announced = announced_address(payload);
         // Compared and forgotten under one lock: a lookup in between is not forgotten.
-        {
-            let mut current = lock(&self.current);
-            let followed =
-                current
-                    .as_ref()
-                    .zip(announced.as_ref())
-                    .is_some_and(|(primary, (host, port))| {
-                        primary.host == *host && primary.port == *port
-                    });
-            if followed {
-                tracing::debug!(master = %self.config.master, "a sentinel announced the switch to the primary followed already");
-                return;
-            }
-            current.take();
+        let current = lock(&self.current);
+        let followed = current
+            .as_ref()
+            .zip(announced.as_ref())
+            .is_some_and(|(primary, (host, port))| primary.host == *host && primary.port == *port);
+        if followed {
+            tracing::debug!(master = %self.config.master, "a sentinel announced the switch to the primary followed already");
+            return;
         }
         tracing::info!(master = %self.config.master, "the sentinels switched the primary");
-        self.changes.send_modify(|n| *n += 1);
+        self.let_go(current);
     }
 
     /// Starts listening for `+switch-master` (once).
@@ -407,6 +407,14 @@ enum Heard {
     Gone,
 }
 
+/// Whether what a majority of the sentinels said, `elected`, names another primary than the
+/// one followed at `host`:`port` with `epoch`: another address, or the same one at a newer
+/// epoch (a failover away and back that this client missed: it may have restarted empty, or
+/// been a replica meanwhile).
+fn names_another(elected: &Elected, host: &str, port: u16, epoch: u64) -> bool {
+    elected.host != host || elected.port != port || elected.epoch > epoch
+}
+
 /// The new address a `+switch-master` payload announces (`<master> <old ip> <old port>
 /// <new ip> <new port>`).
 fn announced_address(payload: &[u8]) -> Option<(String, u16)> {
@@ -419,7 +427,47 @@ fn announced_address(payload: &[u8]) -> Option<(String, u16)> {
 
 #[cfg(test)]
 mod tests {
-    use super::announced_address;
+    use super::{announced_address, names_another};
+    use crate::topology::sentinel::census::Elected;
+
+    fn elected(host: &str, port: u16, epoch: u64) -> Elected {
+        Elected {
+            host: host.to_owned(),
+            port,
+            epoch,
+            down: false,
+            failing_over: false,
+            replicas: Vec::new(),
+            witness: Default::default(),
+        }
+    }
+
+    #[test]
+    fn another_address_or_a_newer_epoch_names_another_primary() {
+        let followed = ("127.0.0.1", 6380, 3);
+        let (host, port, epoch) = followed;
+        assert!(!names_another(
+            &elected(host, port, epoch),
+            host,
+            port,
+            epoch
+        ));
+        // An older epoch is a sentinel that has not heard of the last failover yet.
+        assert!(!names_another(&elected(host, port, 2), host, port, epoch));
+        assert!(names_another(&elected(host, port, 4), host, port, epoch));
+        assert!(names_another(
+            &elected(host, 6381, epoch),
+            host,
+            port,
+            epoch
+        ));
+        assert!(names_another(
+            &elected("127.0.0.2", port, epoch),
+            host,
+            port,
+            epoch
+        ));
+    }
 
     #[test]
     fn an_announcement_names_the_new_address_last() {
