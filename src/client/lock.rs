@@ -138,6 +138,8 @@ pub(crate) struct Obtained {
     pub(crate) stragglers: Option<Arc<Stragglers>>,
     /// The lock family its metrics go to.
     pub(crate) meter: Meter,
+    /// When the obtain ended: the holding counts from then (`lockset_hold_seconds`).
+    pub(crate) held_since: Instant,
 }
 
 impl<C> Lock<C>
@@ -165,7 +167,7 @@ where
                 signal: None,
             }),
             stragglers,
-            holding: HoldTimer::new(obtained.meter),
+            holding: HoldTimer::new(obtained.meter, obtained.held_since),
         }
     }
 
@@ -429,7 +431,7 @@ where
             held
         };
         if held {
-            observe::ended(&self.holding);
+            observe::ended(&self.holding, start);
         }
         let value = self.value();
         let claim = self.claim(&value, self.ttl);

@@ -342,20 +342,18 @@ mod on {
     }
 
     impl HoldTimer {
-        pub(crate) fn new(meter: Meter) -> Self {
-            Self {
-                meter,
-                since: Instant::now(),
-            }
+        /// A holding of a lock of the family `meter`, since `since`.
+        pub(crate) fn new(meter: Meter, since: Instant) -> Self {
+            Self { meter, since }
         }
 
         pub(crate) fn meter(&self) -> &Meter {
             &self.meter
         }
 
-        /// The holding ended.
-        pub(crate) fn ended(&self, end: End) {
-            let held = self.since.elapsed();
+        /// The holding ended, `at`.
+        pub(crate) fn ended(&self, end: End, at: Instant) {
+            let held = at.saturating_duration_since(self.since);
             self.meter.handles().hold[end as usize].record(held);
         }
     }
@@ -365,6 +363,8 @@ mod on {
 mod off {
     use std::marker::PhantomData;
     use std::time::Duration;
+
+    use tokio::time::Instant;
 
     use super::{End, Lost, ObtainEnd, RefreshEnd, ReleaseEnd};
 
@@ -398,12 +398,12 @@ mod off {
     pub(crate) struct HoldTimer(Meter);
 
     impl HoldTimer {
-        pub(crate) fn new(meter: Meter) -> Self {
+        pub(crate) fn new(meter: Meter, _: Instant) -> Self {
             Self(meter)
         }
         pub(crate) fn meter(&self) -> &Meter {
             &self.0
         }
-        pub(crate) fn ended(&self, _: End) {}
+        pub(crate) fn ended(&self, _: End, _: Instant) {}
     }
 }

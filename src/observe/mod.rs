@@ -137,8 +137,9 @@ pub(crate) use in_span;
 
 /// Which operation ended, with what its metrics need.
 pub(crate) enum Op<'a> {
-    /// An obtain, of the lock family `meter`, and what its waiting saw.
-    Obtain(&'a Meter, &'a Progress<'a>),
+    /// An obtain, of the lock family `meter`, what its waiting saw, and when it ended (the
+    /// clock read once for its wait and the lock's holding).
+    Obtain(&'a Meter, &'a Progress<'a>, Instant),
     /// A refresh (by hand, or the watchdog's) of a lock of the family `meter`.
     Refresh(&'a Meter),
     /// A release of a lock of the family `meter`.
@@ -148,7 +149,8 @@ pub(crate) enum Op<'a> {
 }
 
 /// An operation ended: records its attempts, its time from the call and how it ended in its
-/// span, and its metrics.
+/// span, and its metrics. The clock is read only when something records the time (an
+/// obtain brings its own end).
 pub(crate) fn finished<T>(
     span: &Span,
     op: Op<'_>,
@@ -156,12 +158,14 @@ pub(crate) fn finished<T>(
     started: Instant,
     result: &Result<T, Error>,
 ) {
-    let waited = started.elapsed();
+    let mut waited = None;
     // One word for how it ended, in the metrics' `outcome` label and the span's alike.
     let word = match op {
-        Op::Obtain(meter, progress) => {
+        Op::Obtain(meter, progress, ended) => {
             let end = obtain_end(result);
-            meter.obtained(end, waited, attempts);
+            let took = ended.saturating_duration_since(started);
+            waited = Some(took);
+            meter.obtained(end, took, attempts);
             if let (Ok(_), Some(woken)) = (result, progress.woken_at) {
                 meter.handed_over(woken.elapsed());
             }
@@ -182,6 +186,7 @@ pub(crate) fn finished<T>(
     if span.is_disabled() {
         return;
     }
+    let waited = waited.unwrap_or_else(|| started.elapsed());
     span.record("attempts", attempts);
     span.record("waited_ms", millis(waited));
     span.record("outcome", word);
@@ -298,12 +303,12 @@ pub(crate) fn lost(keys: &[String], holding: &HoldTimer, cause: meter::Lost) {
     let key = keys.first().map_or("", String::as_str);
     tracing::warn!(keys = keys.len(), key = %key, "lock lost: {why}");
     holding.meter().lost(cause);
-    holding.ended(End::Lost);
+    holding.ended(End::Lost, Instant::now());
 }
 
-/// A holding ended by a release (called once, when the release starts).
-pub(crate) fn ended(holding: &HoldTimer) {
-    holding.ended(End::Released);
+/// A holding ended by a release (called once, when the release starts, `at`).
+pub(crate) fn ended(holding: &HoldTimer, at: Instant) {
+    holding.ended(End::Released, at);
 }
 
 /// Whole milliseconds, saturating.

@@ -140,6 +140,7 @@ where
                 .meter
                 .clone()
                 .unwrap_or_else(|| self.inner.meter.clone()),
+            held_since: Instant::now(),
         };
         let lock = Lock::new(self.inner.clone(), obtained);
         if self.backend().is_replicated() {
@@ -226,7 +227,7 @@ where
         let start = Instant::now();
         let span = op_span!("lockset.obtain", &keys);
         let meter = options.meter.as_ref().unwrap_or(&self.inner.meter);
-        let (won, modes) = {
+        let ((won, modes), held_since) = {
             // Counted among the waiters (when it waits) until it ends.
             let mut watch = Watch::new(&keys, options.on_retry.as_ref());
             watch.progress = Progress::of(meter);
@@ -234,9 +235,10 @@ where
                 &span,
                 self.try_obtain(&keys, modes, ttl, options, start, &mut watch)
             );
-            let op = Op::Obtain(meter, &watch.progress);
+            let ended = Instant::now();
+            let op = Op::Obtain(meter, &watch.progress, ended);
             finished(&span, op, watch.attempts, start, &obtained);
-            obtained?
+            (obtained?, ended)
         };
         let obtained = Obtained {
             keys,
@@ -248,6 +250,7 @@ where
             valid_until: won.valid_until,
             stragglers: won.stragglers,
             meter: meter.clone(),
+            held_since,
         };
         Ok(Lock::new(self.inner.clone(), obtained))
     }

@@ -1,0 +1,152 @@
+//! The client's own work per uncontended cycle, with Redis taken out of the figure.
+//!
+//! Run with `cargo run --release --example client_work [cycles]`.
+//!
+//! lockset and a raw redis-rs baseline each run the bench's W1 cycle (obtain one key with
+//! `SET NX PX`, release it by compare-and-delete) many times in one thread, through a
+//! connection that answers every request at once with a fixed reply. What is left is the
+//! CPU time each spends on its side of the connection: building commands, parsing replies,
+//! and (for lockset) checking the request, its spans, metrics, waiting state and lock
+//! handle. The bench (`examples/bench.rs`) measures the whole cycle against a real server;
+//! there the server's and the network's share dwarf this, and its ratios swing by more than
+//! the difference this shows, so a change to lockset's hot path is judged here first and
+//! then in the bench.
+//!
+//! This measures; it tests nothing: the replies are fixed (the key is always free, the
+//! release always finds it ours), so no behaviour is checked. Prints, per round, the
+//! nanoseconds per cycle of each and the difference, then the lowest of each over the
+//! rounds (the least disturbed by the rest of the machine).
+
+use std::time::{Duration, Instant};
+
+use lockset::redis::aio::ConnectionLike;
+use lockset::redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
+use lockset::{Client, Options};
+
+/// Rounds per run; each runs both implementations, raw first.
+const ROUNDS: usize = 7;
+
+/// A connection that answers at once: `SET` with nil (set: the key was free), a script or
+/// `DELIFEQ` with 1 (done), `SCRIPT EXISTS` with "loaded", `COMMAND INFO` with "unknown
+/// command" (no native compare-and-delete), anything else with OK.
+#[derive(Clone)]
+struct Instantly;
+
+fn reply(cmd: &Cmd) -> Value {
+    let name = match cmd.args_iter().next() {
+        Some(Arg::Simple(name)) => name.to_ascii_uppercase(),
+        _ => Vec::new(),
+    };
+    match name.as_slice() {
+        b"SET" => Value::Nil,
+        b"EVALSHA" | b"EVAL" | b"DELIFEQ" => Value::Int(1),
+        b"SCRIPT" => Value::Array(vec![Value::Int(1); 32]),
+        b"COMMAND" => Value::Array(vec![Value::Nil]),
+        _ => Value::Okay,
+    }
+}
+
+impl ConnectionLike for Instantly {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let value = reply(cmd);
+        Box::pin(async move { Ok(value) })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let values = pipeline.cmd_iter().map(reply).skip(offset).take(count);
+        let values: Vec<Value> = values.collect();
+        Box::pin(async move { Ok(values) })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// A random token, as the bench's raw baseline makes one per cycle.
+fn token(seed: &mut u64) -> String {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    format!("{:022x}", *seed)
+}
+
+/// The raw baseline's cycle, `cycles` times: the bench's `Raw::obtain` and `Raw::release`.
+async fn raw(cycles: usize) -> Duration {
+    let conn = Instantly;
+    let mut seed = 1;
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let value = token(&mut seed);
+        let mut set = Cmd::new();
+        set.arg("SET")
+            .arg("key")
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(10_000u64);
+        let set: Option<String> = set.query_async(&mut conn.clone()).await.expect("SET");
+        assert!(set.is_none(), "the key is always free");
+        let mut release = Cmd::new();
+        release
+            .arg("EVALSHA")
+            .arg("7ba4a3d1aa3b3a1d5c4b1e2f3a4b5c6d7e8f9a0b")
+            .arg(1)
+            .arg("key")
+            .arg(&value);
+        let released: i64 = release
+            .query_async(&mut conn.clone())
+            .await
+            .expect("release");
+        assert_eq!(released, 1);
+    }
+    start.elapsed()
+}
+
+/// lockset's cycle, `cycles` times, after one to warm up (its first obtain asks the
+/// server what it supports).
+async fn lockset(cycles: usize) -> Duration {
+    let client = Client::new(Instantly);
+    let options = Options::default();
+    let ttl = Duration::from_secs(10);
+    let lock = client.obtain("key", ttl, &options).await.expect("obtain");
+    lock.release().await.expect("release");
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let lock = client.obtain("key", ttl, &options).await.expect("obtain");
+        lock.release().await.expect("release");
+    }
+    start.elapsed()
+}
+
+fn per_cycle(took: Duration, cycles: usize) -> f64 {
+    took.as_nanos() as f64 / cycles as f64
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let cycles: usize = std::env::args()
+        .nth(1)
+        .map(|arg| arg.parse().expect("cycles: a number"))
+        .unwrap_or(200_000);
+    let (mut best_raw, mut best_lockset) = (f64::MAX, f64::MAX);
+    for round in 1..=ROUNDS {
+        let raw = per_cycle(raw(cycles).await, cycles);
+        let lockset = per_cycle(lockset(cycles).await, cycles);
+        println!(
+            "round {round}: raw {raw:.0} ns, lockset {lockset:.0} ns per cycle (+{:.0})",
+            lockset - raw
+        );
+        best_raw = best_raw.min(raw);
+        best_lockset = best_lockset.min(lockset);
+    }
+    println!(
+        "lowest: raw {best_raw:.0} ns, lockset {best_lockset:.0} ns per cycle (+{:.0})",
+        best_lockset - best_raw
+    );
+}
