@@ -484,7 +484,6 @@ where
         }
     }
 
-    /// Refreshes once with the TTL the lock was obtained with (for the watchdog), in a
     /// Refreshes to `ttl`, retrying per `options` within `limit`.
     async fn refresh_retrying(
         &self,
@@ -510,6 +509,7 @@ where
         .await
     }
 
+    /// Refreshes once with the TTL the lock was obtained with (for the watchdog), in a
     /// `lockset.refresh` span of its own, recorded as a refresh by hand would be.
     pub(crate) async fn refresh_with_own_ttl(&self) -> Result<bool> {
         let start = Instant::now();

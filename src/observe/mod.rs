@@ -123,6 +123,8 @@ pub(crate) use op_span;
 /// wants it): wrapping costs moves of the whole future on every operation (about 0.1 µs of
 /// an uncontended obtain and release). `$future` is written out in both branches, so that
 /// each builds it in place: pass a call, not a closure, or its code is made twice.
+/// (With `tracing`'s `log` feature and no subscriber, a disabled span still logs its enter
+/// and exit at trace level; those two lines are what skipping it loses.)
 macro_rules! in_span {
     ($span:expr, $future:expr) => {{
         let span: &tracing::Span = $span;
@@ -167,7 +169,7 @@ pub(crate) fn finished<T>(
             waited = Some(took);
             meter.obtained(end, took, attempts);
             if let (Ok(_), Some(woken)) = (result, progress.woken_at) {
-                meter.handed_over(woken.elapsed());
+                meter.handed_over(ended.saturating_duration_since(woken));
             }
             end.word()
         }

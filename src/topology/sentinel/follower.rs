@@ -313,8 +313,9 @@ impl Follower {
             tracing::debug!(master = %self.config.master, "a sentinel announced the switch to the primary followed already");
             return;
         }
-        tracing::info!(master = %self.config.master, "the sentinels switched the primary");
         self.let_go(current);
+        // Logged after the lock is let go: every request takes it.
+        tracing::info!(master = %self.config.master, "the sentinels switched the primary");
     }
 
     /// Starts listening for `+switch-master` (once).
