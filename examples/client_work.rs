@@ -13,6 +13,12 @@
 //! the difference this shows, so a change to lockset's hot path is judged here first and
 //! then in the bench.
 //!
+//! `cargo run --release --example client_work [cycles] [tasks]` with `tasks` above 1 runs
+//! that many tasks at once, each on its own key, and every request lets the others run
+//! before it is answered (as waiting for a server would), still in one thread. Each task's
+//! state then goes cold between its steps, as under the bench's 64 concurrent tasks: what a
+//! larger future or handle costs there, which a single task kept hot in cache hides.
+//!
 //! This measures; it tests nothing: the replies are fixed (the key is always free, the
 //! release always finds it ours), so no behaviour is checked. Prints, per round, the
 //! nanoseconds per cycle of each and the difference, then the lowest of each over the
@@ -30,9 +36,12 @@ const ROUNDS: usize = 7;
 /// A connection that answers at once, as a server with every key free would: `SET … NX`
 /// with OK (set), or with nil when it ends in `GET` (no old value: set), a script or
 /// `DELIFEQ` with 1 (done), `SCRIPT EXISTS` with "loaded", `COMMAND INFO` with "unknown
-/// command" (no native compare-and-delete), anything else with OK.
-#[derive(Clone)]
-struct Instantly;
+/// command" (no native compare-and-delete), anything else with OK. With `yields`, each
+/// answer waits for the runtime's other tasks to run first.
+#[derive(Clone, Copy)]
+struct Instantly {
+    yields: bool,
+}
 
 fn reply(cmd: &Cmd) -> Value {
     let word = |arg: Option<Arg<&[u8]>>| match arg {
@@ -52,7 +61,13 @@ fn reply(cmd: &Cmd) -> Value {
 impl ConnectionLike for Instantly {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let value = reply(cmd);
-        Box::pin(async move { Ok(value) })
+        let yields = self.yields;
+        Box::pin(async move {
+            if yields {
+                tokio::task::yield_now().await;
+            }
+            Ok(value)
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -63,7 +78,13 @@ impl ConnectionLike for Instantly {
     ) -> RedisFuture<'a, Vec<Value>> {
         let values = pipeline.cmd_iter().map(reply).skip(offset).take(count);
         let values: Vec<Value> = values.collect();
-        Box::pin(async move { Ok(values) })
+        let yields = self.yields;
+        Box::pin(async move {
+            if yields {
+                tokio::task::yield_now().await;
+            }
+            Ok(values)
+        })
     }
 
     fn get_db(&self) -> i64 {
@@ -79,16 +100,15 @@ fn token(seed: &mut u64) -> String {
     format!("{:022x}", *seed)
 }
 
-/// The raw baseline's cycle, `cycles` times: the bench's `Raw::obtain` and `Raw::release`.
-async fn raw(cycles: usize) -> Duration {
-    let conn = Instantly;
+/// The raw baseline's cycle on `key`, `cycles` times: the bench's `Raw::obtain` and
+/// `Raw::release`.
+async fn raw(conn: Instantly, key: String, cycles: usize) {
     let mut seed = 1;
-    let start = Instant::now();
     for _ in 0..cycles {
         let value = token(&mut seed);
         let mut set = Cmd::new();
         set.arg("SET")
-            .arg("key")
+            .arg(&key)
             .arg(&value)
             .arg("NX")
             .arg("PX")
@@ -100,7 +120,7 @@ async fn raw(cycles: usize) -> Duration {
             .arg("EVALSHA")
             .arg("7ba4a3d1aa3b3a1d5c4b1e2f3a4b5c6d7e8f9a0b")
             .arg(1)
-            .arg("key")
+            .arg(&key)
             .arg(&value);
         let released: i64 = release
             .query_async(&mut conn.clone())
@@ -108,21 +128,30 @@ async fn raw(cycles: usize) -> Duration {
             .expect("release");
         assert_eq!(released, 1);
     }
-    start.elapsed()
 }
 
-/// lockset's cycle, `cycles` times, after one to warm up (its first obtain asks the
-/// server what it supports).
-async fn lockset(cycles: usize) -> Duration {
-    let client = Client::new(Instantly);
+/// lockset's cycle on `key`, `cycles` times.
+async fn lockset(client: Client<Instantly>, key: String, cycles: usize) {
     let options = Options::default();
     let ttl = Duration::from_secs(10);
-    let lock = client.obtain("key", ttl, &options).await.expect("obtain");
-    lock.release().await.expect("release");
-    let start = Instant::now();
     for _ in 0..cycles {
-        let lock = client.obtain("key", ttl, &options).await.expect("obtain");
+        let lock = client.obtain(&key, ttl, &options).await.expect("obtain");
         lock.release().await.expect("release");
+    }
+}
+
+/// How long `tasks` tasks take to run `cycle` on keys of their own, `cycles` in all.
+async fn timed<F, Fut>(tasks: usize, cycles: usize, cycle: F) -> Duration
+where
+    F: Fn(String, usize) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let start = Instant::now();
+    let running: Vec<_> = (0..tasks)
+        .map(|task| tokio::spawn(cycle(format!("key:{task}"), cycles / tasks)))
+        .collect();
+    for task in running {
+        task.await.expect("a cycle task");
     }
     start.elapsed()
 }
@@ -133,14 +162,26 @@ fn per_cycle(took: Duration, cycles: usize) -> f64 {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let cycles: usize = std::env::args()
-        .nth(1)
+    let mut args = std::env::args().skip(1);
+    let cycles: usize = args
+        .next()
         .map(|arg| arg.parse().expect("cycles: a number"))
         .unwrap_or(200_000);
+    let tasks: usize = args
+        .next()
+        .map(|arg| arg.parse().expect("tasks: a number"))
+        .unwrap_or(1)
+        .clamp(1, cycles.max(1));
+    let conn = Instantly { yields: tasks > 1 };
+    let client = Client::new(conn);
+    // One cycle first: lockset's first obtain asks the server what it supports.
+    lockset(client.clone(), "key:warm".to_owned(), 1).await;
+    let cycles = cycles / tasks * tasks;
     let (mut best_raw, mut best_lockset) = (f64::MAX, f64::MAX);
     for round in 1..=ROUNDS {
-        let raw = per_cycle(raw(cycles).await, cycles);
-        let lockset = per_cycle(lockset(cycles).await, cycles);
+        let raw = timed(tasks, cycles, |key, n| raw(conn, key, n)).await;
+        let lockset = timed(tasks, cycles, |key, n| lockset(client.clone(), key, n)).await;
+        let (raw, lockset) = (per_cycle(raw, cycles), per_cycle(lockset, cycles));
         println!(
             "round {round}: raw {raw:.0} ns, lockset {lockset:.0} ns per cycle (+{:.0})",
             lockset - raw
