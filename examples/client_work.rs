@@ -1,24 +1,23 @@
 //! The client's own work per uncontended cycle, with Redis taken out of the figure.
 //!
-//! Run with `cargo run --release --example client_work [cycles]`.
-//!
 //! lockset and a raw redis-rs baseline each run the bench's W1 cycle (obtain one key with
 //! `SET NX PX`, release it by compare-and-delete) many times in one thread, through a
 //! connection that answers every request at once with a fixed reply. What is left is the
 //! CPU time each spends on its side of the connection: building commands, parsing replies,
 //! and (for lockset) checking the request, its waiting state, the lock handle, and the
 //! span and metrics calls as they cost with no `tracing` subscriber and no metrics recorder
-//! installed (an application with either pays more). The bench (`examples/bench.rs`) measures the whole cycle against a real server;
-//! there the server's and the network's share dwarf this, and its ratios swing by more than
-//! the difference this shows, so a change to lockset's hot path is judged here first and
-//! then in the bench.
+//! installed (an application with either pays more). The bench (`examples/bench.rs`)
+//! measures the whole cycle against a real server; there the server's and the network's
+//! share dwarf this, and its ratios swing by more than the difference this shows, so a
+//! change to lockset's hot path is judged here first and then in the bench.
 //!
-//! With a second number, `cargo run --release --example client_work 200000 64` runs that
-//! many tasks at once (the cycles, rounded down to a multiple of the tasks, split between
-//! them), each on its own key, and every request lets the others run
-//! before it is answered (as waiting for a server would), still in one thread. Each task's
-//! state then goes cold between its steps, as under the bench's 64 concurrent tasks: what a
-//! larger future or handle costs there, which a single task kept hot in cache hides.
+//! Run with `cargo run --release --example client_work [cycles [tasks]]` (200,000 cycles and
+//! one task unless told). More tasks, as in `client_work 200000 64`, run at once, each on its
+//! own key (the cycles, rounded down to a multiple of the tasks, split between them), and
+//! every request lets the others run before it is answered (as waiting for a server would),
+//! still in one thread. Each task's state then goes cold between its steps, as under the
+//! bench's 64 concurrent tasks: what a larger future or handle costs there, which a single
+//! task kept hot in cache hides.
 //!
 //! This measures; it tests nothing: the replies are fixed (the key is always free, the
 //! release always finds it ours), so no behaviour is checked. Prints, per round, the
@@ -59,16 +58,21 @@ fn reply(cmd: &Cmd) -> Value {
     }
 }
 
-impl ConnectionLike for Instantly {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let value = reply(cmd);
-        let yields = self.yields;
+impl Instantly {
+    /// `value` as the answer to a request: at once, or after the other tasks had their turn.
+    fn answer<T: Send + 'static>(self, value: T) -> RedisFuture<'static, T> {
         Box::pin(async move {
-            if yields {
+            if self.yields {
                 tokio::task::yield_now().await;
             }
             Ok(value)
         })
+    }
+}
+
+impl ConnectionLike for Instantly {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.answer(reply(cmd))
     }
 
     fn req_packed_commands<'a>(
@@ -78,14 +82,7 @@ impl ConnectionLike for Instantly {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let values = pipeline.cmd_iter().map(reply).skip(offset).take(count);
-        let values: Vec<Value> = values.collect();
-        let yields = self.yields;
-        Box::pin(async move {
-            if yields {
-                tokio::task::yield_now().await;
-            }
-            Ok(values)
-        })
+        self.answer(values.collect())
     }
 
     fn get_db(&self) -> i64 {

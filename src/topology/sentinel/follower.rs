@@ -445,29 +445,14 @@ mod tests {
 
     #[test]
     fn another_address_or_a_newer_epoch_names_another_primary() {
-        let followed = ("127.0.0.1", 6380, 3);
-        let (host, port, epoch) = followed;
-        assert!(!names_another(
-            &elected(host, port, epoch),
-            host,
-            port,
-            epoch
-        ));
+        let (host, port, epoch) = ("127.0.0.1", 6380, 3);
+        let names_another = |elected| names_another(&elected, host, port, epoch);
+        assert!(!names_another(elected(host, port, epoch)));
         // An older epoch is a sentinel that has not heard of the last failover yet.
-        assert!(!names_another(&elected(host, port, 2), host, port, epoch));
-        assert!(names_another(&elected(host, port, 4), host, port, epoch));
-        assert!(names_another(
-            &elected(host, 6381, epoch),
-            host,
-            port,
-            epoch
-        ));
-        assert!(names_another(
-            &elected("127.0.0.2", port, epoch),
-            host,
-            port,
-            epoch
-        ));
+        assert!(!names_another(elected(host, port, 2)));
+        assert!(names_another(elected(host, port, 4)));
+        assert!(names_another(elected(host, 6381, epoch)));
+        assert!(names_another(elected("127.0.0.2", port, epoch)));
     }
 
     #[test]
