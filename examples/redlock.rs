@@ -20,11 +20,8 @@ async fn main() -> Result<(), lockset::Error> {
             servers.iter().map(server::RedisServer::url).collect()
         }
     };
-    let mut masters = Vec::new();
-    for url in &urls {
-        masters.push(Client::connect(url).await?);
-    }
-    let redlock = Client::quorum(masters, QuorumConfig::default())?;
+    // A minority of the masters may be down now: they join once they answer.
+    let redlock = Client::connect_quorum(&urls, QuorumConfig::default()).await?;
     let ttl = Duration::from_secs(10);
 
     let lock = redlock

@@ -460,11 +460,11 @@ impl Config {
     }
 
     async fn redlock(&self, urls: &[String], dial: Dial, plan: &Plan<'_>) -> Result<Client> {
-        let mut masters = Vec::with_capacity(urls.len());
-        for url in urls {
-            masters.push(Client::connect_client(self.redis_client(url, plan)?, dial).await?);
-        }
-        Client::quorum(masters, self.quorum())
+        let clients = urls
+            .iter()
+            .map(|url| self.redis_client(url, plan))
+            .collect::<Result<Vec<_>>>()?;
+        Client::connect_quorum_with(clients, dial, self.quorum()).await
     }
 
     #[cfg(feature = "cluster")]

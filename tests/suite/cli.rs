@@ -829,6 +829,92 @@ fn unreachable_redis_exits_69() {
     }
 }
 
+/// `--wait` covers a server that is not up yet: the connection is tried again while the wait
+/// lasts, and a server that comes up within it serves the lock.
+#[test]
+fn wait_covers_a_server_that_comes_up_late() {
+    let port = support::server::free_port();
+    let urls = [format!("redis://127.0.0.1:{port}/")];
+    let start = Instant::now();
+    let child = lockset(&urls)
+        .args(["acquire", "--wait", "20s", "late"])
+        .spawn()
+        .expect("start lockset");
+    // The fault itself: nobody listens for the first half second of the wait.
+    std::thread::sleep(Duration::from_millis(500));
+    let _server = RedisServer::start_with(Some(port), &[]);
+    let up = start.elapsed();
+    let out = wait(child, start);
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let after = out.took.saturating_sub(up);
+    assert!(
+        after < Duration::from_millis(2_000),
+        "locked {after:?} after the server came up: {out:?}"
+    );
+}
+
+/// `--wait` is one budget for the whole command: time spent reaching Redis comes off the
+/// wait for the lock (a 4 s wait after a 2.5 s outage ended 6.5 s after the start).
+#[test]
+fn a_wait_counts_the_time_spent_reaching_redis() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let holder = acquire(&urls, &["--ttl", "60s", "--metadata", "other", "job"]);
+    assert!(!holder.is_empty());
+    server.pause();
+    let start = Instant::now();
+    let child = lockset(&urls)
+        .args(["acquire", "--wait", "4s", "job"])
+        .spawn()
+        .expect("start lockset");
+    // The fault itself: the server answers nothing for the first 2.5 s of the wait.
+    std::thread::sleep(Duration::from_millis(2_500));
+    server.resume();
+    let out = wait(child, start);
+    assert_eq!(out.code, Some(75), "{out:?}");
+    assert!(
+        out.took >= Duration::from_millis(3_800) && out.took < Duration::from_millis(5_300),
+        "{out:?}"
+    );
+}
+
+/// A server unreachable for the whole `--wait`: 69 when the wait ends, neither at once nor
+/// long after.
+#[test]
+fn a_wait_for_an_unreachable_server_ends_with_the_wait() {
+    let port = support::server::free_port();
+    let urls = [format!("redis://127.0.0.1:{port}/")];
+    for args in [
+        vec!["acquire", "--wait", "1500ms", "a"],
+        vec!["run", "--wait", "1500ms", "a", "--", "true"],
+    ] {
+        let out = finish(lockset(&urls).args(&args));
+        assert_eq!(out.code, Some(69), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("cannot reach Redis"), "{out:?}");
+        assert!(
+            out.took >= Duration::from_millis(1_300) && out.took < Duration::from_millis(3_000),
+            "{args:?}: {out:?}"
+        );
+    }
+}
+
+/// A paused Redlock master costs a command no more than the per-master limit: it goes on
+/// with the majority once that is connected (it waited out the paused master's connection
+/// attempt before: 3.7 s here), and before it exits lets the paused master's part run to
+/// that limit (5 % of the 30 s TTL: 1.5 s), as after any operation.
+#[test]
+fn a_paused_redlock_master_costs_a_command_no_more_than_its_limit() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    servers[2].pause();
+    let out = finish(lockset(&urls).args(["acquire", "--ttl", "30s", "job"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stderr.contains("not answering yet"), "{out:?}");
+    // The per-master limit, and a loaded machine's slack.
+    assert!(out.took < Duration::from_millis(2_500), "{out:?}");
+    servers[2].resume();
+}
+
 /// `rediss://` to a plain-text port: the handshake gets no answer, and the message asks
 /// whether this is a TLS port, within a few seconds.
 #[cfg(feature = "tls")]

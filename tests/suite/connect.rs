@@ -6,7 +6,7 @@ use crate::support;
 
 use std::time::Duration;
 
-use lockset::Client;
+use lockset::{Client, Config, Options, QuorumConfig};
 use support::RedisServer;
 use tokio::time::Instant;
 
@@ -51,4 +51,89 @@ async fn rediss_to_a_plain_port_fails_at_once_naming_tls() {
     assert!(err.to_string().contains("is this a TLS port?"), "{err}");
     // No answer in time, as a TLS server that hangs would give: a timeout still.
     assert!(err.is_unavailable(), "{err:?}");
+}
+
+/// The ways a service makes a Redlock client from URLs: `Client::connect_quorum`, and a
+/// `Config` naming `redlock`.
+async fn connect_quorum(urls: &[String]) -> Result<Client, lockset::Error> {
+    let quorum = QuorumConfig::default().node_timeout(Duration::from_secs(1));
+    Client::connect_quorum(urls, quorum).await
+}
+
+async fn configured_quorum(urls: &[String]) -> Result<Client, lockset::Error> {
+    let config = Config {
+        redlock: urls.to_vec(),
+        node_timeout: Some(Duration::from_secs(1)),
+        ..Config::default()
+    };
+    config.connect().await
+}
+
+/// A minority of masters down when a service starts (one resetting connections, one paused)
+/// costs nothing: the client connects and locks as fast as with every master up, not after
+/// the connection manager's retries (16 s for the paused one); a master that answers again
+/// joins the locks from then on.
+#[tokio::test]
+async fn a_quorum_connects_and_locks_with_a_minority_of_masters_down_at_the_start() {
+    for way in 0..2 {
+        let mut servers: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+        let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+        servers[3].kill();
+        servers[4].pause();
+        let start = Instant::now();
+        let client = match way {
+            0 => connect_quorum(&urls).await,
+            _ => configured_quorum(&urls).await,
+        }
+        .expect("a majority of the masters is up");
+        let lock = client
+            .obtain("job", Duration::from_secs(10), &Options::default())
+            .await
+            .expect("a majority takes the lock");
+        let took = start.elapsed();
+        assert!(
+            took < AT_ONCE,
+            "way {way}: connected and locked in {took:?}"
+        );
+        lock.release().await.expect("release");
+
+        servers[4].resume();
+        let lock = client
+            .obtain("again", Duration::from_secs(10), &Options::default())
+            .await
+            .expect("obtain");
+        tokio::time::timeout(Duration::from_secs(10), client.background_idle())
+            .await
+            .expect("every master's part done within 10 s");
+        let held: String = support::server::cli(servers[4].port(), &["GET", "again"]);
+        assert!(
+            held.contains(lock.token()),
+            "way {way}: the resumed master has the lock: {held:?}"
+        );
+        lock.release().await.expect("release");
+    }
+}
+
+/// With a majority of the masters refusing connections, no client is made: the error says
+/// so, at once.
+#[tokio::test]
+async fn a_quorum_without_a_majority_up_fails_at_once_saying_so() {
+    let mut servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    // Stopped, their ports free: connections are refused (a killed test server's port stays
+    // held, which resets them instead).
+    servers[1].stop();
+    servers[2].stop();
+    for way in 0..2 {
+        let start = Instant::now();
+        let err = match way {
+            0 => connect_quorum(&urls).await,
+            _ => configured_quorum(&urls).await,
+        }
+        .unwrap_err();
+        let took = start.elapsed();
+        assert!(took < AT_ONCE, "way {way}: {took:?}: {err}");
+        assert!(err.is_unavailable(), "way {way}: {err:?}");
+        assert!(err.to_string().contains("majority"), "way {way}: {err}");
+    }
 }

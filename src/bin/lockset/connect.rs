@@ -17,6 +17,10 @@ const DEFAULT_URL: &str = "redis://127.0.0.1/";
 /// should answer quickly, and a reconnect is tried again on the next command anyway.
 const CONNECT_RETRIES: usize = 1;
 
+/// How long the Redlock masters not connected yet may still take once a majority is (the
+/// library's `Client::connect_quorum` gives them as long).
+const QUORUM_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// A lock client, and the raw connections to look at keys with: one per Redlock master,
 /// else one.
 pub(crate) struct Redis<C> {
@@ -296,7 +300,22 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
     }
     let mut conns: Vec<Option<ConnectionManager>> = vec![None; clients.len()];
     let mut down = Vec::new();
-    while let Some(joined) = connecting.join_next().await {
+    let needed = lockset::QuorumConfig::majority(clients.len());
+    // Once a majority is connected, the others get a moment (as the library's
+    // `Client::connect_quorum` gives them); one that is paused or slow is connected when
+    // the lock needs it, within the per-master limit, instead of holding up the command.
+    let mut grace = None;
+    loop {
+        let joined = match grace {
+            None => connecting.join_next().await,
+            Some(until) => match tokio::time::timeout_at(until, connecting.join_next()).await {
+                Ok(joined) => joined,
+                Err(_) => break,
+            },
+        };
+        let Some(joined) = joined else {
+            break;
+        };
         match joined {
             Ok((index, Ok(conn))) => conns[index] = Some(conn),
             Ok((index, Err(err))) if is_no_such_database(&err) => {
@@ -305,8 +324,15 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
             Ok((index, Err(err))) => down.push(format!("{}: {err}", address(&clients[index]))),
             Err(err) => down.push(err.to_string()),
         }
+        if grace.is_none() && conns.iter().flatten().count() >= needed {
+            grace = Some(tokio::time::Instant::now() + QUORUM_GRACE);
+        }
     }
-    let needed = lockset::QuorumConfig::majority(clients.len());
+    for (conn, client) in conns.iter().zip(&clients) {
+        if conn.is_none() && !down.iter().any(|line| line.starts_with(&address(client))) {
+            down.push(format!("{}: not answering yet", address(client)));
+        }
+    }
     if clients.len() - down.len() < needed {
         let message = format!(
             "cannot reach a majority of the Redis masters ({needed} of {} needed): {}",

@@ -43,6 +43,7 @@ const CONNECT_PAUSE: Duration = Duration::from_millis(200);
 const SETTLE: Duration = Duration::from_secs(2);
 
 fn main() -> ExitCode {
+    obtain::started();
     signals::shield_writes();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -134,7 +135,7 @@ async fn execute(global: &Global, command: &LockCommand, ui: Ui) -> Result<u8, F
         )?,
         false => connect::plan(&urls, global.cluster, global.replicas, tls)?,
     };
-    match connect_within(&plan, sentinel, wait_of(command)).await? {
+    match connect_within(&plan, wait_of(command)).await? {
         Target::Single(redis) => dispatch(&redis, command, ui, None).await,
         Target::Cluster(redis) => dispatch(&redis, command, ui, None).await,
         Target::Sentinel(redis) => {
@@ -153,28 +154,27 @@ fn wait_of(command: &LockCommand) -> Duration {
     }
 }
 
-/// Connects per `plan`. Behind Sentinel, a failure that passes (no majority of the
-/// sentinels agrees yet, the primary is being replaced, too few replicas for now) is tried
-/// again every [`CONNECT_PAUSE`] within `wait`: `--wait` covers finding the primary too.
-async fn connect_within(
-    plan: &connect::Plan,
-    sentinel: bool,
-    wait: Duration,
-) -> Result<Target, Failure> {
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        match connect::connect(plan.clone()).await {
-            Err(failure)
-                if sentinel
-                    && failure.code() == Some(exit::UNAVAILABLE)
-                    && tokio::time::Instant::now() + CONNECT_PAUSE < deadline =>
-            {
-                tracing::info!(target: crate::ui::LOG, ?failure, "the deployment is not ready; trying again");
-                tokio::time::sleep(CONNECT_PAUSE).await;
-            }
-            outcome => return outcome,
+/// Connects per `plan`. A failure that passes (a server not up yet or unreachable for now;
+/// behind Sentinel also no majority of the sentinels agreeing yet, the primary being
+/// replaced, too few replicas for now) is tried again every [`CONNECT_PAUSE`] within
+/// `wait`: `--wait` covers reaching Redis too. The first try takes as long as it takes (its
+/// own limits bound it); a later one ends with the wait, with the last failure.
+async fn connect_within(plan: &connect::Plan, wait: Duration) -> Result<Target, Failure> {
+    let deadline = obtain::wait_ends(wait);
+    let mut failed = match connect::connect(plan.clone()).await {
+        Err(failure) if failure.code() == Some(exit::UNAVAILABLE) => failure,
+        outcome => return outcome,
+    };
+    while tokio::time::Instant::now() + CONNECT_PAUSE < deadline {
+        tracing::info!(target: crate::ui::LOG, failure = ?failed, "Redis is not ready; trying again");
+        tokio::time::sleep(CONNECT_PAUSE).await;
+        match tokio::time::timeout_at(deadline, connect::connect(plan.clone())).await {
+            Ok(Err(failure)) if failure.code() == Some(exit::UNAVAILABLE) => failed = failure,
+            Ok(outcome) => return outcome,
+            Err(_) => break,
         }
     }
+    Err(failed)
 }
 
 /// Whether `redis` came from the command line rather than `LOCKSET_REDIS` (a default that

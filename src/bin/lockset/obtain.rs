@@ -3,6 +3,7 @@
 
 use std::convert::Infallible;
 use std::pin::pin;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use lockset::redis::aio::ConnectionLike;
@@ -27,13 +28,25 @@ const SHOW_EVERY: Duration = Duration::from_millis(500);
 /// Nothing is shown for a lock obtained this quickly.
 const SHOW_AFTER: Duration = Duration::from_millis(150);
 
+/// When the command started: `--wait` counts from here, connecting to Redis included, so
+/// that the whole command waits no longer than it says. `main` reads it first.
+pub(crate) fn started() -> tokio::time::Instant {
+    static STARTED: OnceLock<tokio::time::Instant> = OnceLock::new();
+    *STARTED.get_or_init(tokio::time::Instant::now)
+}
+
+/// When a wait of `wait` (`--wait`) ends.
+pub(crate) fn wait_ends(wait: Duration) -> tokio::time::Instant {
+    started() + wait
+}
+
 /// The options for obtaining per the command line.
 pub(crate) fn options(args: &ObtainArgs) -> Options {
     let metadata = args.metadata.clone().unwrap_or_else(identity::host_pid);
     let mut options = Options::default().metadata(metadata);
     if !args.wait.is_zero() {
         let poll = Retry::exponential(POLL_MIN, POLL_MAX).jitter(Jitter::Equal);
-        options = options.retry(poll).timeout(args.wait);
+        options = options.retry(poll).deadline(wait_ends(args.wait));
     }
     if args.fencing {
         options = options.fencing();

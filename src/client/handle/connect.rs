@@ -1,9 +1,12 @@
 //! Making a client for each topology: one server (plain or TLS), a Sentinel deployment and
 //! a Redis Cluster. Every constructor here returns a [`Client`] (the default type), so that
 //! the topology can be chosen at run time; a Redlock quorum is made of such clients
-//! ([`Client::quorum`]).
+//! ([`Client::quorum`]), or connected from URLs ([`Client::connect_quorum`]).
 
 use super::*;
+
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
 
 #[cfg(feature = "cluster")]
 impl Client {
@@ -89,13 +92,10 @@ impl Client {
     /// out; when a `rediss://` URL gets no TLS handshake in time (a timeout, whose text asks
     /// "is this a TLS port?"). Other failures (a timeout on a plain-text port, a reset, a
     /// server at its client limit) are tried again by redis-rs's connection manager: 6
-    /// attempts, 9 s or more, before [`Error::Redis`]. Tested in `tests/suite/connect.rs`.
+    /// attempts, 9 s or more (16.5 s against a server that accepts and never answers, measured
+    /// 2026-11-29), before [`Error::Redis`]. Tested in `tests/suite/connect.rs`.
     pub async fn connect(url: &str) -> Result<Self> {
-        #[cfg(feature = "tls")]
-        let client = crate::topology::tls::Tls::new().redis_client(url)?;
-        #[cfg(not(feature = "tls"))]
-        let client = redis::Client::open(url)?;
-        Self::connect_client(client, Dial::default()).await
+        Self::connect_client(redis_client(url)?, Dial::default()).await
     }
 
     /// Connects to `url` as [`Client::connect`] does, over TLS with the certificate
@@ -125,6 +125,157 @@ impl Client {
         connected.ask_scripts().await;
         Ok(connected)
     }
+
+    /// Connects to the Redlock masters at `urls`, each as [`Client::connect`] connects to
+    /// one, and makes a [`Client::quorum`] of them: a minority of masters down or paused when
+    /// a service starts costs it nothing.
+    ///
+    /// Every master is tried at once. Once a majority is connected, the others get
+    /// [`QUORUM_GRACE`] to follow; a master down, paused or slow by then is connected when an
+    /// operation next needs it (within the operation's per-node limit, as a master that went
+    /// down later is), and joins the locks once it answers. Masters found down are logged
+    /// (`tracing`, warn).
+    ///
+    /// See the guide: [Redlock](crate::guide::redlock).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lockset::Error> {
+    /// use lockset::{Client, QuorumConfig};
+    ///
+    /// let masters = ["redis://10.0.0.1/", "redis://10.0.0.2/", "redis://10.0.0.3/"];
+    /// let redlock = Client::connect_quorum(masters, QuorumConfig::default()).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Before anything is sent, the errors of [`Client::quorum`] for `config`, and
+    /// [`Error::Redis`] for a URL that does not parse. Then [`Error::Redis`]: when a master
+    /// refuses the login or the database the URL selects, or a `rediss://` URL gets no TLS
+    /// handshake (settings to fix, as for [`Client::connect`]); when so many masters are
+    /// down that no majority can connect ([`Error::is_unavailable`], naming them: at once
+    /// when they refuse connections, after the connection manager's retries when they do
+    /// not answer). Tested in `tests/suite/connect.rs`.
+    pub async fn connect_quorum<U: AsRef<str>>(
+        urls: impl IntoIterator<Item = U>,
+        config: QuorumConfig,
+    ) -> Result<Self> {
+        let clients = urls
+            .into_iter()
+            .map(|url| redis_client(url.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        Self::connect_quorum_with(clients, Dial::default(), config).await
+    }
+
+    /// [`Client::connect_quorum`] for `clients`, connecting as `dial` says.
+    pub(crate) async fn connect_quorum_with(
+        clients: Vec<redis::Client>,
+        dial: Dial,
+        config: QuorumConfig,
+    ) -> Result<Self> {
+        config.check()?;
+        let conns = connect_majority(&clients, dial).await?;
+        let mut masters = Vec::with_capacity(clients.len());
+        for (conn, client) in conns.into_iter().zip(clients) {
+            let master = match conn {
+                Some(conn) => {
+                    let master = Self::new(conn).with_release_events(client)?;
+                    master.ask_scripts().await;
+                    master
+                }
+                // The first operation that needs it connects it, and asks about scripts.
+                None => {
+                    let conn = ConnectionManager::new_lazy_with_config(
+                        client.clone(),
+                        dial.manager_config(),
+                    )?;
+                    Self::new(conn).with_release_events(client)?
+                }
+            };
+            masters.push(master);
+        }
+        Self::quorum(masters, config)
+    }
+}
+
+/// How long the masters of a quorum not connected yet may still take once a majority is:
+/// enough for one that refuses connections to say so (and be logged), short enough that a
+/// paused one costs a starting service nothing it would notice.
+const QUORUM_GRACE: Duration = Duration::from_millis(50);
+
+/// A redis-rs client for `url`: over TLS with the system's roots for `rediss://` (feature
+/// `tls`).
+fn redis_client(url: &str) -> Result<redis::Client> {
+    #[cfg(feature = "tls")]
+    return Ok(crate::topology::tls::Tls::new().redis_client(url)?);
+    #[cfg(not(feature = "tls"))]
+    Ok(redis::Client::open(url)?)
+}
+
+/// A connection to each of `clients` that connected before a majority did and
+/// [`QUORUM_GRACE`] passed, `None` for the others (down, paused, slow).
+async fn connect_majority(
+    clients: &[redis::Client],
+    dial: Dial,
+) -> Result<Vec<Option<ConnectionManager>>> {
+    let needed = QuorumConfig::majority(clients.len());
+    let mut connecting: FuturesUnordered<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(index, client)| async move { (index, manager(client, dial).await) })
+        .collect();
+    let mut conns: Vec<Option<ConnectionManager>> = vec![None; clients.len()];
+    let (mut up, mut down) = (0, Vec::new());
+    let mut grace = None;
+    loop {
+        let next = match grace {
+            None => connecting.next().await,
+            Some(until) => match tokio::time::timeout_at(until, connecting.next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+        };
+        let Some((index, connected)) = next else {
+            break;
+        };
+        let address = clients[index].get_connection_info().addr().to_string();
+        match connected {
+            Ok(conn) => {
+                conns[index] = Some(conn);
+                up += 1;
+            }
+            Err(err) if is_down(&clients[index], &err) => {
+                tracing::warn!(%address, %err, "a Redlock master is down; it joins once it answers");
+                down.push(format!("{address}: {err}"));
+            }
+            Err(err) => return Err(err.into()),
+        }
+        if clients.len() - down.len() < needed {
+            return Err(no_majority(needed, clients.len(), &down).into());
+        }
+        if up >= needed && grace.is_none() {
+            grace = Some(Instant::now() + QUORUM_GRACE);
+        }
+    }
+    Ok(conns)
+}
+
+/// Whether a master's failure to connect is its being down (refusing connections, not
+/// answering, cut off), rather than a setting to fix (see [`first_failure_is_final`]).
+fn is_down(client: &redis::Client, err: &redis::RedisError) -> bool {
+    err.is_connection_refusal() || first_failure_is_final(client, err.clone()).is_none()
+}
+
+/// The error of a quorum that cannot connect to a majority of its masters.
+fn no_majority(needed: usize, masters: usize, down: &[String]) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        format!(
+            "cannot reach a majority of the Redlock masters ({needed} of {masters} needed): {}",
+            down.join("; ")
+        ),
+    ))
 }
 
 /// How a client connects: redis-rs's defaults, or a [`Config`](crate::Config)'s timeouts and
