@@ -1036,3 +1036,23 @@ async fn replicated_writes_check_their_settings_before_anything_is_written() {
     ));
     assert_eq!(env.dbsize().await, 0);
 }
+
+/// One sentinel given twice is one voice: with the third sentinel down it is no majority of
+/// three, so no primary is followed on its word alone (a sentinel that watches another
+/// server under the master's name, given twice, split a lock across two servers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_given_twice_counts_once() {
+    let failover = Failover::start(1).await;
+    let one = failover.sentinel_urls()[0].clone();
+    let down = format!("redis://127.0.0.1:{}/", support::server::free_port());
+    let config = SentinelConfig::new([one.clone(), one, down], MASTER)
+        .unwrap()
+        .connection_timeout(ms(500))
+        .response_timeout(ms(500))
+        .replication(Replication::none());
+    let started = Instant::now();
+    let err = Client::connect_sentinel(config).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(err.to_string().contains("counted once"), "{err}");
+    assert!(started.elapsed() < ms(3_000), "{:?}", started.elapsed());
+}

@@ -52,6 +52,9 @@ pub(crate) struct Sighting {
     /// The run id it last saw the named primary run under (empty: none yet). It asks the
     /// primary for it every 10 s: a restarted primary runs under a new one meanwhile.
     pub(crate) run_id: String,
+    /// The sentinel's own run id (`INFO server`; empty: not said): a sentinel given twice,
+    /// under two names, counts once.
+    pub(crate) sentinel_id: String,
 }
 
 /// What the sentinels that named a primary know of its past: for telling a restart from a
@@ -133,11 +136,35 @@ impl Census {
             .count()
     }
 
+    /// Every primary named, once per sentinel.
     fn sightings(&self) -> impl Iterator<Item = (&str, &Sighting)> {
         self.answers
             .iter()
-            .filter_map(|(sentinel, answer)| match answer {
-                Answer::Saw(sighting) => Some((sentinel.as_str(), sighting)),
+            .enumerate()
+            .filter_map(|(i, (sentinel, answer))| match answer {
+                Answer::Saw(sighting) if self.first_name_of(i).is_none() => {
+                    Some((sentinel.as_str(), sighting))
+                }
+                _ => None,
+            })
+    }
+
+    /// The name under which the sentinel of answer `i` answered before, when it did: one
+    /// sentinel given twice (`127.0.0.1:26379` and `localhost:26379`, or a name that moved
+    /// to it) would otherwise make a majority of itself. Told by its run id.
+    fn first_name_of(&self, i: usize) -> Option<&str> {
+        let Answer::Saw(this) = &self.answers[i].1 else {
+            return None;
+        };
+        if this.sentinel_id.is_empty() {
+            return None;
+        }
+        self.answers[..i]
+            .iter()
+            .find_map(|(sentinel, answer)| match answer {
+                Answer::Saw(other) if other.sentinel_id == this.sentinel_id => {
+                    Some(sentinel.as_str())
+                }
                 _ => None,
             })
     }
@@ -184,7 +211,9 @@ impl Census {
     pub(crate) fn dissent(&self, elected: &Elected) -> Vec<String> {
         self.answers
             .iter()
-            .filter_map(|(sentinel, answer)| match answer {
+            .enumerate()
+            .filter_map(|(i, (sentinel, answer))| match answer {
+                Answer::Saw(_) if self.first_name_of(i).is_some() => None,
                 Answer::Saw(s) if s.host == elected.host && s.port == elected.port => None,
                 Answer::Saw(s) => Some(format!(
                     "{sentinel} names {}:{} (epoch {})",
@@ -200,19 +229,29 @@ impl Census {
     pub(crate) fn describe(&self) -> Vec<String> {
         self.answers
             .iter()
-            .map(|(sentinel, answer)| match answer {
-                Answer::Saw(s) => format!(
-                    "{sentinel} names {}:{} (epoch {}, {} replicas{}{})",
-                    s.host,
-                    s.port,
-                    s.epoch,
-                    s.replicas.len(),
-                    if s.down { ", down" } else { "" },
-                    if s.failing_over { ", failing over" } else { "" }
-                ),
-                Answer::Unknown => format!("{sentinel} does not know the master"),
-                Answer::Failed(err) => format!("{sentinel}: {err}"),
-            })
+            .enumerate()
+            .map(
+                |(i, (sentinel, answer))| match (answer, self.first_name_of(i)) {
+                    (_, Some(first)) => {
+                        format!(
+                            "{sentinel} is the sentinel {first} (the same run id), counted once"
+                        )
+                    }
+                    (answer, None) => match answer {
+                        Answer::Saw(s) => format!(
+                            "{sentinel} names {}:{} (epoch {}, {} replicas{}{})",
+                            s.host,
+                            s.port,
+                            s.epoch,
+                            s.replicas.len(),
+                            if s.down { ", down" } else { "" },
+                            if s.failing_over { ", failing over" } else { "" }
+                        ),
+                        Answer::Unknown => format!("{sentinel} does not know the master"),
+                        Answer::Failed(err) => format!("{sentinel}: {err}"),
+                    },
+                },
+            )
             .collect()
     }
 
@@ -344,6 +383,7 @@ pub(crate) fn parse_answer(replies: &[Value]) -> Answer {
         } else {
             String::new()
         },
+        sentinel_id: info_field(&info, "run_id").unwrap_or_default().to_owned(),
         host,
         port,
     })
@@ -419,6 +459,7 @@ mod tests {
             replicas: vec![("127.0.0.1".into(), 9000)],
             uptime: Some(10),
             run_id: "ab12".into(),
+            sentinel_id: format!("sentinel-{port}-{epoch}"),
         })
     }
 
@@ -533,6 +574,32 @@ mod tests {
         assert!(
             err.contains("no majority") && err.contains("s2 names 127.0.0.1:7002"),
             "{err}"
+        );
+        // One sentinel given twice (two names, one run id) is one voice, not a majority.
+        let mut twice = Census::new(3);
+        let of = |sentinel: &str| {
+            let Answer::Saw(sighting) = seen(7004, 5) else {
+                unreachable!("seen is a sighting")
+            };
+            Answer::Saw(Sighting {
+                sentinel_id: sentinel.into(),
+                ..sighting
+            })
+        };
+        twice.add("127.0.0.1:26381".into(), of("c"));
+        twice.add("localhost:26381".into(), of("c"));
+        assert!(twice.elected().is_none(), "one sentinel under two names");
+        assert!(!twice.decided());
+        twice.add("127.0.0.1:26379".into(), of("a"));
+        assert_eq!(
+            twice.elected().map(|e| e.port),
+            Some(7004),
+            "two distinct ones"
+        );
+        assert!(
+            twice.describe()[1].contains("is the sentinel 127.0.0.1:26381"),
+            "{:?}",
+            twice.describe()
         );
         // A majority that does not know the master.
         let mut unknown = Census::new(3);
