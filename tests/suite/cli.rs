@@ -2090,6 +2090,29 @@ fn a_user_without_scripts_gets_exit_77_and_nothing_locked() {
     }
 }
 
+/// A key outside the user's ACL key patterns: 77 (EX_NOPERM) at once, saying that the ACL
+/// refuses it and where the rule a lock user needs is, never 69 ("unreachable"), and not
+/// tried again under `--wait`.
+#[test]
+fn a_key_outside_the_users_acl_gets_exit_77_naming_the_acl() {
+    let server = RedisServer::start();
+    let user = [
+        "ACL", "SETUSER", "locker", "on", ">pw", "~app:*", "&*", "+@all",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let urls = [format!("redis://locker:pw@127.0.0.1:{}/", server.port())];
+    for args in [
+        &["acquire", "--ttl", "30s", "other:job"][..],
+        &["run", "--wait", "5s", "other:job", "--", "true"],
+    ] {
+        let out = finish(lockset(&urls).args(args));
+        assert_eq!(out.code, Some(77), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("ACL"), "{args:?}: {out:?}");
+        assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
+        assert!(!exists(&server.url(), "other:job"), "{args:?}");
+    }
+}
+
 /// `--shared` and `--permits N`: the library's modes from the shell.
 #[path = "cli_modes.rs"]
 mod modes;

@@ -14,7 +14,7 @@ pub(crate) const DATA: u8 = 65;
 pub(crate) const UNAVAILABLE: u8 = 69;
 /// The lock was lost, or is not held by the given token (EX_SOFTWARE).
 pub(crate) const LOST: u8 = 70;
-/// The server refuses what lockset must run: its scripts (EX_NOPERM).
+/// The server refuses what lockset must run: its scripts, or a key of the lock (EX_NOPERM).
 pub(crate) const NOPERM: u8 = 77;
 /// A local system failure: no runtime, no signal handling, no way to wait for the command
 /// or to print (EX_OSERR).
@@ -72,6 +72,14 @@ impl Failure {
                 Self::new(DATA, err.to_string())
             }
             _ if err.is_scripts_refused() => Self::new(NOPERM, err.to_string()),
+            Error::Redis(redis) if redis.code() == Some("NOPERM") => Self::new(
+                NOPERM,
+                format!(
+                    "{err} (the server's ACL refuses this user a key of the lock: a lock user \
+                     needs a key pattern that covers each lock key and the queue names that \
+                     begin with it, such as ~app:* for app:... keys; see the servers guide)"
+                ),
+            ),
             Error::Redis(redis) => Self::new(UNAVAILABLE, format!("{err}{}", hint(redis))),
             _ => Self::new(UNAVAILABLE, err.to_string()),
         }

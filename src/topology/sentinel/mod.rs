@@ -420,8 +420,13 @@ impl SentinelConnection {
             return Ok(primary.generation);
         }
         let (host, port) = (primary.host, primary.port);
+        // Its start is known to the second (`uptime_in_seconds`).
+        let ago = match up.as_secs() {
+            0 => "less than a second".to_owned(),
+            secs => format!("{secs} s"),
+        };
         Err(unavailable(format!(
-            "the primary {host}:{port} restarted {up:.1?} ago without its data (no persistence that keeps every write); it grants no lock until {grace:?} after its start, the longest TTL a lock it forgot may have (SentinelConfig::restart_grace)"
+            "the primary {host}:{port} restarted {ago} ago without its data (no persistence that keeps every write); it grants no lock until {grace:?} after its start, the longest TTL a lock it forgot may have (SentinelConfig::restart_grace)"
         )))
     }
 
