@@ -13,7 +13,19 @@ use std::time::Duration;
 use lockset::{Client, Options};
 
 #[tokio::main]
-async fn main() -> Result<(), lockset::Error> {
+async fn main() -> std::process::ExitCode {
+    // An error is shown as its message (who holds the key, for how long), not as the
+    // `Debug` form a `main` returning `Result` prints.
+    match quickstart().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("quickstart: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn quickstart() -> Result<(), lockset::Error> {
     let (url, _server) = server::url_or_start();
     let client = connect(&url).await?;
 
