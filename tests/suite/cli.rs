@@ -878,6 +878,19 @@ fn a_wait_counts_the_time_spent_reaching_redis() {
     );
 }
 
+/// A refused login is a setting to fix, not a state that passes: 69 at once, also under
+/// `--wait` (which waited out its whole length for a wrong password before).
+#[test]
+fn a_refused_login_is_not_waited_for() {
+    let server = RedisServer::start();
+    let user = ["ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all"];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let urls = [format!("redis://locker:wrong@127.0.0.1:{}/", server.port())];
+    let out = finish(lockset(&urls).args(["acquire", "--wait", "10s", "job"]));
+    assert_eq!(out.code, Some(69), "{out:?}");
+    assert!(out.took < Duration::from_millis(2_000), "{out:?}");
+}
+
 /// A server unreachable for the whole `--wait`: 69 when the wait ends, neither at once nor
 /// long after.
 #[test]
@@ -2101,15 +2114,29 @@ fn a_key_outside_the_users_acl_gets_exit_77_naming_the_acl() {
     ];
     assert!(support::server::cli(server.port(), &user).contains("OK"));
     let urls = [format!("redis://locker:pw@127.0.0.1:{}/", server.port())];
-    for args in [
-        &["acquire", "--ttl", "30s", "other:job"][..],
-        &["run", "--wait", "5s", "other:job", "--", "true"],
-    ] {
-        let out = finish(lockset(&urls).args(args));
-        assert_eq!(out.code, Some(77), "{args:?}: {out:?}");
-        assert!(out.stderr.contains("ACL"), "{args:?}: {out:?}");
-        assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
-        assert!(!exists(&server.url(), "other:job"), "{args:?}");
+    let quorum: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    for master in &quorum {
+        assert!(support::server::cli(master.port(), &user).contains("OK"));
+    }
+    let masters: Vec<String> = quorum
+        .iter()
+        .map(|master| format!("redis://locker:pw@127.0.0.1:{}/", master.port()))
+        .collect();
+    for urls in [&urls[..], &masters] {
+        for args in [
+            &["acquire", "--ttl", "30s", "other:job"][..],
+            &["run", "--wait", "5s", "other:job", "--", "true"],
+            &["status", "other:job"],
+            &["release", "--token", "t", "other:job"],
+        ] {
+            let out = finish(lockset(urls).args(args));
+            assert_eq!(out.code, Some(77), "{args:?}: {out:?}");
+            assert!(out.stderr.contains("ACL"), "{args:?}: {out:?}");
+            assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
+        }
+    }
+    for server in quorum.iter().chain([&server]) {
+        assert!(!exists(&server.url(), "other:job"));
     }
 }
 

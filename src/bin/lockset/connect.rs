@@ -329,7 +329,11 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
         }
     }
     for (conn, client) in conns.iter().zip(&clients) {
-        if conn.is_none() && !down.iter().any(|line| line.starts_with(&address(client))) {
+        if conn.is_none()
+            && !down
+                .iter()
+                .any(|line| line.starts_with(&format!("{}: ", address(client))))
+        {
             down.push(format!("{}: not answering yet", address(client)));
         }
     }
@@ -398,7 +402,7 @@ fn unreachable(client: &redis::Client, err: &RedisError) -> Failure {
     if tls && err.is_timeout() {
         // A plain-text port never answers a TLS handshake: the wait ends in a timeout that
         // says nothing of TLS (the library's `Client::connect` asks the same).
-        return Failure::new(
+        return Failure::lasting(
             UNAVAILABLE,
             format!(
                 "cannot reach Redis at {what}: no TLS handshake in time ({err}): is this a TLS \

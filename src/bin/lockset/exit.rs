@@ -35,6 +35,10 @@ pub(crate) enum Failure {
         code: u8,
         /// What happened, for the line on stderr; `None` when already said.
         message: Option<String>,
+        /// Waiting would not change it: a setting to fix (a login or a certificate
+        /// refused), not a state of the deployment that passes. `--wait` does not try it
+        /// again.
+        lasting: bool,
     },
 }
 
@@ -44,7 +48,30 @@ impl Failure {
         Self::Exit {
             code,
             message: Some(message.into()),
+            lasting: false,
         }
+    }
+
+    /// Exit with `code` after saying `message`, a failure waiting would not change.
+    pub(crate) fn lasting(code: u8, message: impl Into<String>) -> Self {
+        Self::Exit {
+            code,
+            message: Some(message.into()),
+            lasting: true,
+        }
+    }
+
+    /// Whether waiting could change this failure: a state of the deployment that passes
+    /// (Redis unreachable or not ready), said by exit [`UNAVAILABLE`], not a setting to fix.
+    pub(crate) fn may_pass(&self) -> bool {
+        matches!(
+            self,
+            Self::Exit {
+                code: UNAVAILABLE,
+                lasting: false,
+                ..
+            }
+        )
     }
 
     /// Exit with `code` silently: a signal or the command's own status says it all.
@@ -52,14 +79,7 @@ impl Failure {
         Self::Exit {
             code,
             message: None,
-        }
-    }
-
-    /// The exit status this failure ends with (`None` for bad usage, which has its own).
-    pub(crate) fn code(&self) -> Option<u8> {
-        match self {
-            Self::Usage(_) => None,
-            Self::Exit { code, .. } => Some(*code),
+            lasting: false,
         }
     }
 
@@ -72,14 +92,19 @@ impl Failure {
                 Self::new(DATA, err.to_string())
             }
             _ if err.is_scripts_refused() => Self::new(NOPERM, err.to_string()),
-            Error::Redis(redis) if redis.code() == Some("NOPERM") => Self::new(
-                NOPERM,
-                format!(
-                    "{err} (the server's ACL refuses this user a key of the lock: a lock user \
-                     needs a key pattern that covers each lock key and the queue names that \
-                     begin with it, such as ~app:* for app:... keys; see the servers guide)"
-                ),
-            ),
+            Error::Redis(redis) if is_acl_refusal(redis) => {
+                Self::lasting(NOPERM, format!("{err}{ACL_HINT}"))
+            }
+            Error::Quorum { failures, .. }
+                if failures.iter().any(
+                    |(_, failure)| matches!(failure, NodeFailure::Redis(e) if is_acl_refusal(e)),
+                ) =>
+            {
+                Self::lasting(NOPERM, format!("{err}{ACL_HINT}"))
+            }
+            Error::Redis(redis) if is_refusal(redis) => {
+                Self::lasting(UNAVAILABLE, format!("{err}{}", hint(redis)))
+            }
             Error::Redis(redis) => Self::new(UNAVAILABLE, format!("{err}{}", hint(redis))),
             _ => Self::new(UNAVAILABLE, err.to_string()),
         }
@@ -95,9 +120,52 @@ impl Failure {
     }
 }
 
-/// Redis failed (or could not be reached) doing `what`: exit [`UNAVAILABLE`].
+/// Redis failed (or could not be reached) doing `what`: exit [`UNAVAILABLE`]; a lasting
+/// failure when it refused the login or a certificate (a setting to fix).
 pub(crate) fn redis_failure(what: &str, err: &RedisError) -> Failure {
-    Failure::new(UNAVAILABLE, format!("{what}: {err}{}", hint(err)))
+    if is_acl_refusal(err) {
+        return Failure::lasting(NOPERM, format!("{what}: {err}{ACL_HINT}"));
+    }
+    let message = format!("{what}: {err}{}", hint(err));
+    match is_refusal(err) {
+        true => Failure::lasting(UNAVAILABLE, message),
+        false => Failure::new(UNAVAILABLE, message),
+    }
+}
+
+/// What an ACL refusal (`NOPERM`) is told with: the rule a lock user needs.
+const ACL_HINT: &str = " (the server's ACL refuses this user a key or command of the lock: a \
+    lock user needs a key pattern that covers each lock key and the queue names that begin \
+    with it, such as ~app:* for app:... keys, and the commands; see the servers guide)";
+
+/// Whether the server's ACL refuses the user a key or a command (`NOPERM`).
+fn is_acl_refusal(err: &RedisError) -> bool {
+    err.code() == Some("NOPERM")
+}
+
+/// Whether the server refused the login (a wrong password, an unknown user, a user not
+/// allowed to log in or select the database) or the TLS handshake over a certificate.
+fn is_refusal(err: &RedisError) -> bool {
+    err.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        || is_certificate_refusal(err)
+}
+
+/// Whether a TLS handshake failed over a certificate: the server's not trusted, or ours
+/// wanted and missing or refused.
+fn is_certificate_refusal(err: &RedisError) -> bool {
+    let said = err.to_string();
+    untrusted_certificate(&said) || client_certificate_wanted(&said)
+}
+
+/// The TLS handshake failed: the server's certificate is not trusted (rustls' words).
+fn untrusted_certificate(said: &str) -> bool {
+    said.contains("invalid peer certificate")
+}
+
+/// The TLS handshake failed: the server wants a client certificate it trusts.
+fn client_certificate_wanted(said: &str) -> bool {
+    said.contains("CertificateRequired") || said.contains("BadCertificate")
 }
 
 /// What to add to a Redis error: how to fix it, when the server redirected the key to
@@ -110,11 +178,11 @@ fn hint(err: &RedisError) -> &'static str {
             " (this server is a Redis Cluster node and another node serves the key: add \
              --cluster)"
         }
-        _ if said.contains("invalid peer certificate") => {
+        _ if untrusted_certificate(&said) => {
             " (the server's TLS certificate is not trusted: give the CA that signed it with \
              --tls-ca-cert)"
         }
-        _ if said.contains("CertificateRequired") || said.contains("BadCertificate") => {
+        _ if client_certificate_wanted(&said) => {
             " (the server wants a client certificate its CA signed: --tls-cert and --tls-key)"
         }
         _ => "",

@@ -79,7 +79,7 @@ fn exit_code(outcome: Result<u8, Failure>, name: &str, ui: Ui) -> u8 {
     match outcome {
         Ok(code) => code,
         Err(Failure::Usage(message)) => usage_in(name, &message),
-        Err(Failure::Exit { code, message }) => {
+        Err(Failure::Exit { code, message, .. }) => {
             if let Some(message) = message {
                 ui.say(&message);
             }
@@ -154,22 +154,22 @@ fn wait_of(command: &LockCommand) -> Duration {
     }
 }
 
-/// Connects per `plan`. A failure that passes (a server not up yet or unreachable for now;
+/// Connects per `plan`. A failure that may pass (a server not up yet or unreachable for now;
 /// behind Sentinel also no majority of the sentinels agreeing yet, the primary being
-/// replaced, too few replicas for now) is tried again every [`CONNECT_PAUSE`] within
+/// replaced, too few replicas for now; not a login or certificate refused) is tried again every [`CONNECT_PAUSE`] within
 /// `wait`: `--wait` covers reaching Redis too. The first try takes as long as it takes (its
 /// own limits bound it); a later one ends with the wait, with the last failure.
 async fn connect_within(plan: &connect::Plan, wait: Duration) -> Result<Target, Failure> {
     let deadline = obtain::wait_ends(wait);
     let mut failed = match connect::connect(plan.clone()).await {
-        Err(failure) if failure.code() == Some(exit::UNAVAILABLE) => failure,
+        Err(failure) if failure.may_pass() => failure,
         outcome => return outcome,
     };
     while tokio::time::Instant::now() + CONNECT_PAUSE < deadline {
         tracing::info!(target: crate::ui::LOG, failure = ?failed, "Redis is not ready; trying again");
         tokio::time::sleep(CONNECT_PAUSE).await;
         match tokio::time::timeout_at(deadline, connect::connect(plan.clone())).await {
-            Ok(Err(failure)) if failure.code() == Some(exit::UNAVAILABLE) => failed = failure,
+            Ok(Err(failure)) if failure.may_pass() => failed = failure,
             Ok(outcome) => return outcome,
             Err(_) => break,
         }

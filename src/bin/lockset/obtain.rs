@@ -29,7 +29,8 @@ const SHOW_EVERY: Duration = Duration::from_millis(500);
 const SHOW_AFTER: Duration = Duration::from_millis(150);
 
 /// When the command started: `--wait` counts from here, connecting to Redis included, so
-/// that the whole command waits no longer than it says. `main` reads it first.
+/// that time spent reaching Redis comes off the wait for the lock (the first connection
+/// attempt has its own limit, about 2 s, even with a shorter wait). `main` reads it first.
 pub(crate) fn started() -> tokio::time::Instant {
     static STARTED: OnceLock<tokio::time::Instant> = OnceLock::new();
     *STARTED.get_or_init(tokio::time::Instant::now)

@@ -133,8 +133,10 @@ impl Client {
     /// Every master is tried at once. Once a majority is connected, the others get
     /// [`QUORUM_GRACE`] to follow; a master down, paused or slow by then is connected when an
     /// operation next needs it (within the operation's per-node limit, as a master that went
-    /// down later is), and joins the locks once it answers. Masters found down are logged
-    /// (`tracing`, warn).
+    /// down later is), and joins the locks once it answers. Masters found down or not
+    /// answering yet are logged (`tracing`, warn). What such a master says when it does
+    /// answer (a refused login, say) is that master failing its part of an operation, as
+    /// any master's failure is: the quorum goes on without it.
     ///
     /// See the guide: [Redlock](crate::guide::redlock).
     ///
@@ -153,7 +155,8 @@ impl Client {
     /// Before anything is sent, the errors of [`Client::quorum`] for `config`, and
     /// [`Error::Redis`] for a URL that does not parse. Then [`Error::Redis`]: when a master
     /// refuses the login or the database the URL selects, or a `rediss://` URL gets no TLS
-    /// handshake (settings to fix, as for [`Client::connect`]); when so many masters are
+    /// handshake (settings to fix, as for [`Client::connect`]), as far as it says so before
+    /// the others made a majority and the grace passed (the master is logged, warn); when so many masters are
     /// down that no majority can connect ([`Error::is_unavailable`], naming them: at once
     /// when they refuse connections, after the connection manager's retries when they do
     /// not answer). Tested in `tests/suite/connect.rs`.
@@ -249,13 +252,26 @@ async fn connect_majority(
                 tracing::warn!(%address, %err, "a Redlock master is down; it joins once it answers");
                 down.push(format!("{address}: {err}"));
             }
-            Err(err) => return Err(err.into()),
+            Err(err) => {
+                tracing::warn!(%address, %err, "a Redlock master refuses this client's settings");
+                return Err(err.into());
+            }
         }
         if clients.len() - down.len() < needed {
             return Err(no_majority(needed, clients.len(), &down).into());
         }
         if up >= needed && grace.is_none() {
             grace = Some(Instant::now() + QUORUM_GRACE);
+        }
+    }
+    for (conn, client) in conns.iter().zip(clients) {
+        let address = client.get_connection_info().addr().to_string();
+        if conn.is_none()
+            && !down
+                .iter()
+                .any(|line| line.starts_with(&format!("{address}: ")))
+        {
+            tracing::warn!(%address, "a Redlock master has not answered yet; it joins once it answers");
         }
     }
     Ok(conns)

@@ -72,10 +72,23 @@ pub(crate) struct Witness {
 pub(crate) enum Answer {
     /// It named a primary.
     Saw(Sighting),
-    /// It does not monitor a master of that name.
-    Unknown,
+    /// It does not monitor a master of that name. Its own run id (`INFO server`; empty:
+    /// not said), as [`Sighting::sentinel_id`].
+    Unknown(String),
     /// It could not be asked (down, slow, refused the login, not a sentinel).
     Failed(RedisError),
+}
+
+impl Answer {
+    /// The run id of the sentinel that answered, when it said one.
+    fn sentinel_id(&self) -> Option<&str> {
+        let id = match self {
+            Self::Saw(sighting) => &sighting.sentinel_id,
+            Self::Unknown(id) => id,
+            Self::Failed(_) => return None,
+        };
+        (!id.is_empty()).then_some(id.as_str())
+    }
 }
 
 /// The answers of the sentinels asked so far.
@@ -129,10 +142,14 @@ impl Census {
         self.elected().is_some() || self.unknown() >= self.majority()
     }
 
+    /// How many sentinels do not know the master, each once.
     fn unknown(&self) -> usize {
         self.answers
             .iter()
-            .filter(|(_, answer)| matches!(answer, Answer::Unknown))
+            .enumerate()
+            .filter(|(i, (_, answer))| {
+                matches!(answer, Answer::Unknown(_)) && self.first_name_of(*i).is_none()
+            })
             .count()
     }
 
@@ -153,20 +170,11 @@ impl Census {
     /// sentinel given twice (`127.0.0.1:26379` and `localhost:26379`, or a name that moved
     /// to it) would otherwise make a majority of itself. Told by its run id.
     fn first_name_of(&self, i: usize) -> Option<&str> {
-        let Answer::Saw(this) = &self.answers[i].1 else {
-            return None;
-        };
-        if this.sentinel_id.is_empty() {
-            return None;
-        }
+        let this = self.answers[i].1.sentinel_id()?;
         self.answers[..i]
             .iter()
-            .find_map(|(sentinel, answer)| match answer {
-                Answer::Saw(other) if other.sentinel_id == this.sentinel_id => {
-                    Some(sentinel.as_str())
-                }
-                _ => None,
-            })
+            .find(|(_, answer)| answer.sentinel_id() == Some(this))
+            .map(|(sentinel, _)| sentinel.as_str())
     }
 
     /// The address a majority of the configured sentinels names, if any.
@@ -219,7 +227,7 @@ impl Census {
                     "{sentinel} names {}:{} (epoch {})",
                     s.host, s.port, s.epoch
                 )),
-                Answer::Unknown => Some(format!("{sentinel} does not know the master")),
+                Answer::Unknown(_) => Some(format!("{sentinel} does not know the master")),
                 Answer::Failed(_) => None,
             })
             .collect()
@@ -247,7 +255,7 @@ impl Census {
                             if s.down { ", down" } else { "" },
                             if s.failing_over { ", failing over" } else { "" }
                         ),
-                        Answer::Unknown => format!("{sentinel} does not know the master"),
+                        Answer::Unknown(_) => format!("{sentinel} does not know the master"),
                         Answer::Failed(err) => format!("{sentinel}: {err}"),
                     },
                 },
@@ -353,8 +361,10 @@ pub(crate) fn parse_answer(replies: &[Value]) -> Answer {
         }
         return Answer::Failed(err);
     }
+    let info = text(info).unwrap_or_default();
+    let sentinel_id = info_field(&info, "run_id").unwrap_or_default().to_owned();
     let Value::Array(address) = address else {
-        return Answer::Unknown;
+        return Answer::Unknown(sentinel_id);
     };
     let (Some(host), Some(port)) = (
         address.first().and_then(text),
@@ -363,13 +373,12 @@ pub(crate) fn parse_answer(replies: &[Value]) -> Answer {
             .and_then(text)
             .and_then(|p| p.parse::<u16>().ok()),
     ) else {
-        return Answer::Unknown;
+        return Answer::Unknown(sentinel_id);
     };
     let master = fields(master);
     let field = |name: &str| master.get(name).map_or("", String::as_str);
     let monitored = field("ip") == host && field("port") == port.to_string();
     let flagged = |names: &[&str]| field("flags").split(',').any(|flag| names.contains(&flag));
-    let info = text(info).unwrap_or_default();
     Answer::Saw(Sighting {
         epoch: field("config-epoch").parse().unwrap_or(0),
         down: monitored && flagged(&["s_down", "o_down"]),
@@ -383,7 +392,7 @@ pub(crate) fn parse_answer(replies: &[Value]) -> Answer {
         } else {
             String::new()
         },
-        sentinel_id: info_field(&info, "run_id").unwrap_or_default().to_owned(),
+        sentinel_id,
         host,
         port,
     })
@@ -539,7 +548,7 @@ mod tests {
     fn a_sentinel_that_does_not_know_the_master_is_unknown() {
         assert!(matches!(
             parse_answer(&[Value::Nil, Value::Nil, Value::Nil, Value::Nil]),
-            Answer::Unknown
+            Answer::Unknown(_)
         ));
         assert!(matches!(parse_answer(&[Value::Nil]), Answer::Failed(_)));
     }
@@ -601,10 +610,15 @@ mod tests {
             "{:?}",
             twice.describe()
         );
+        // Nor is it a majority that does not know the master.
+        let mut unknown_twice = Census::new(3);
+        unknown_twice.add("127.0.0.1:26381".into(), Answer::Unknown("c".into()));
+        unknown_twice.add("localhost:26381".into(), Answer::Unknown("c".into()));
+        assert!(!unknown_twice.decided(), "one sentinel under two names");
         // A majority that does not know the master.
         let mut unknown = Census::new(3);
-        unknown.add("s1".into(), Answer::Unknown);
-        unknown.add("s2".into(), Answer::Unknown);
+        unknown.add("s1".into(), Answer::Unknown("a".into()));
+        unknown.add("s2".into(), Answer::Unknown("b".into()));
         assert!(unknown.decided());
         assert_eq!(
             unknown.failure("locks").kind(),
