@@ -130,8 +130,8 @@ impl Client {
     /// one, and makes a [`Client::quorum`] of them: a minority of masters down or paused when
     /// a service starts costs it nothing.
     ///
-    /// Every master is tried at once. Once a majority is connected, the others get
-    /// [`QUORUM_GRACE`] to follow; a master down, paused or slow by then is connected when an
+    /// Every master is tried at once. Once a majority is connected, the others get 50 ms
+    /// more to follow; a master down, paused or slow by then is connected when an
     /// operation next needs it (within the operation's per-node limit, as a master that went
     /// down later is), and joins the locks once it answers. Masters found down or not
     /// answering yet are logged (`tracing`, warn). What such a master says when it does
