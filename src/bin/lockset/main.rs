@@ -156,9 +156,10 @@ fn wait_of(command: &LockCommand) -> Duration {
 
 /// Connects per `plan`. A failure that may pass (a server not up yet or unreachable for now;
 /// behind Sentinel also no majority of the sentinels agreeing yet, the primary being
-/// replaced, too few replicas for now; not a login or certificate refused) is tried again every [`CONNECT_PAUSE`] within
-/// `wait`: `--wait` covers reaching Redis too. The first try takes as long as it takes (its
-/// own limits bound it); a later one ends with the wait, with the last failure.
+/// replaced, too few replicas for now; not a login or certificate refused) is tried again
+/// every [`CONNECT_PAUSE`] within `wait`: `--wait` covers reaching Redis too. The first try
+/// takes as long as it takes (its own limits bound it); a later one ends with the wait, with
+/// the last failure.
 async fn connect_within(plan: &connect::Plan, wait: Duration) -> Result<Target, Failure> {
     let deadline = obtain::wait_ends(wait);
     let mut failed = match connect::connect(plan.clone()).await {

@@ -155,11 +155,12 @@ impl Client {
     /// Before anything is sent, the errors of [`Client::quorum`] for `config`, and
     /// [`Error::Redis`] for a URL that does not parse. Then [`Error::Redis`]: when a master
     /// refuses the login or the database the URL selects, or a `rediss://` URL gets no TLS
-    /// handshake (settings to fix, as for [`Client::connect`]), as far as it says so before
-    /// the others made a majority and the grace passed (the master is logged, warn); when so many masters are
-    /// down that no majority can connect ([`Error::is_unavailable`], naming them: at once
-    /// when they refuse connections, after the connection manager's retries when they do
-    /// not answer). Tested in `tests/suite/connect.rs`.
+    /// handshake (settings to fix, as for [`Client::connect`]; logged with the master's
+    /// address), as far as it says so before a majority connected and the grace passed;
+    /// when so many masters are down that no majority can connect
+    /// ([`Error::is_unavailable`], naming them: at once when they refuse connections, after
+    /// the connection manager's retries when they do not answer). Tested in
+    /// `tests/suite/connect.rs`.
     pub async fn connect_quorum<U: AsRef<str>>(
         urls: impl IntoIterator<Item = U>,
         config: QuorumConfig,
@@ -229,8 +230,10 @@ async fn connect_majority(
         .map(|(index, client)| async move { (index, manager(client, dial).await) })
         .collect();
     let mut conns: Vec<Option<ConnectionManager>> = vec![None; clients.len()];
-    let (mut up, mut down) = (0, Vec::new());
-    let mut grace = None;
+    let address = |index: usize| clients[index].get_connection_info().addr().to_string();
+    // The masters found down (by index), and what each said.
+    let mut down: Vec<(usize, String)> = Vec::new();
+    let (mut up, mut grace) = (0, None);
     loop {
         let next = match grace {
             None => connecting.next().await,
@@ -242,35 +245,33 @@ async fn connect_majority(
         let Some((index, connected)) = next else {
             break;
         };
-        let address = clients[index].get_connection_info().addr().to_string();
         match connected {
             Ok(conn) => {
                 conns[index] = Some(conn);
                 up += 1;
             }
             Err(err) if is_down(&clients[index], &err) => {
+                let address = address(index);
                 tracing::warn!(%address, %err, "a Redlock master is down; it joins once it answers");
-                down.push(format!("{address}: {err}"));
+                down.push((index, format!("{address}: {err}")));
             }
             Err(err) => {
+                let address = address(index);
                 tracing::warn!(%address, %err, "a Redlock master refuses this client's settings");
                 return Err(err.into());
             }
         }
         if clients.len() - down.len() < needed {
-            return Err(no_majority(needed, clients.len(), &down).into());
+            let said: Vec<&str> = down.iter().map(|(_, said)| said.as_str()).collect();
+            return Err(no_majority(needed, clients.len(), &said).into());
         }
         if up >= needed && grace.is_none() {
             grace = Some(Instant::now() + QUORUM_GRACE);
         }
     }
-    for (conn, client) in conns.iter().zip(clients) {
-        let address = client.get_connection_info().addr().to_string();
-        if conn.is_none()
-            && !down
-                .iter()
-                .any(|line| line.starts_with(&format!("{address}: ")))
-        {
+    for (index, conn) in conns.iter().enumerate() {
+        if conn.is_none() && !down.iter().any(|(down, _)| *down == index) {
+            let address = address(index);
             tracing::warn!(%address, "a Redlock master has not answered yet; it joins once it answers");
         }
     }
@@ -284,7 +285,7 @@ fn is_down(client: &redis::Client, err: &redis::RedisError) -> bool {
 }
 
 /// The error of a quorum that cannot connect to a majority of its masters.
-fn no_majority(needed: usize, masters: usize, down: &[String]) -> redis::RedisError {
+fn no_majority(needed: usize, masters: usize, down: &[&str]) -> redis::RedisError {
     redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::ConnectionRefused,
         format!(
