@@ -299,7 +299,8 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
         connecting.spawn(async move { (index, manager(&client).await) });
     }
     let mut conns: Vec<Option<ConnectionManager>> = vec![None; clients.len()];
-    let mut down = Vec::new();
+    // What each master that failed to connect said.
+    let mut failed: Vec<Option<String>> = vec![None; clients.len()];
     let needed = lockset::QuorumConfig::majority(clients.len());
     // Once a majority is connected, the others get a moment (as the library's
     // `Client::connect_quorum` gives them); one that is paused or slow is connected when
@@ -321,22 +322,24 @@ async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
             Ok((index, Err(err))) if is_no_such_database(&err) => {
                 return Err(unreachable(&clients[index], &err));
             }
-            Ok((index, Err(err))) => down.push(format!("{}: {err}", address(&clients[index]))),
-            Err(err) => down.push(err.to_string()),
+            Ok((index, Err(err))) => failed[index] = Some(err.to_string()),
+            // A connecting task that panicked: its master counts as not answering.
+            Err(err) => tracing::warn!(target: crate::ui::LOG, "connecting failed: {err}"),
         }
         if grace.is_none() && conns.iter().flatten().count() >= needed {
             grace = Some(tokio::time::Instant::now() + QUORUM_GRACE);
         }
     }
-    for (conn, client) in conns.iter().zip(&clients) {
-        if conn.is_none()
-            && !down
-                .iter()
-                .any(|line| line.starts_with(&format!("{}: ", address(client))))
-        {
-            down.push(format!("{}: not answering yet", address(client)));
-        }
-    }
+    let down: Vec<String> = conns
+        .iter()
+        .zip(failed)
+        .zip(&clients)
+        .filter(|((conn, _), _)| conn.is_none())
+        .map(|((_, said), client)| {
+            let said = said.unwrap_or_else(|| "not answering yet".to_owned());
+            format!("{}: {said}", address(client))
+        })
+        .collect();
     if clients.len() - down.len() < needed {
         let message = format!(
             "cannot reach a majority of the Redis masters ({needed} of {} needed): {}",

@@ -92,16 +92,7 @@ impl Failure {
                 Self::new(DATA, err.to_string())
             }
             _ if err.is_scripts_refused() => Self::new(NOPERM, err.to_string()),
-            Error::Redis(redis) if is_acl_refusal(redis) => {
-                Self::lasting(NOPERM, format!("{err}{ACL_HINT}"))
-            }
-            Error::Quorum { failures, .. }
-                if failures.iter().any(
-                    |(_, failure)| matches!(failure, NodeFailure::Redis(e) if is_acl_refusal(e)),
-                ) =>
-            {
-                Self::lasting(NOPERM, format!("{err}{ACL_HINT}"))
-            }
+            _ if refuses_acl(err) => Self::lasting(NOPERM, format!("{err}{ACL_HINT}")),
             Error::Redis(redis) if is_refusal(redis) => {
                 Self::lasting(UNAVAILABLE, format!("{err}{}", hint(redis)))
             }
@@ -143,11 +134,22 @@ fn is_acl_refusal(err: &RedisError) -> bool {
     err.code() == Some("NOPERM")
 }
 
-/// Whether the server refused the login (a wrong password, an unknown user, a user not
-/// allowed to log in or select the database) or the TLS handshake over a certificate.
+/// Whether a library error is an ACL refusal: the server's, or a Redlock master's.
+fn refuses_acl(err: &Error) -> bool {
+    match err {
+        Error::Redis(redis) => is_acl_refusal(redis),
+        Error::Quorum { failures, .. } => failures
+            .iter()
+            .any(|(_, failure)| matches!(failure, NodeFailure::Redis(e) if is_acl_refusal(e))),
+        _ => false,
+    }
+}
+
+/// Whether the server refused the login (a wrong password, an unknown user) or the TLS
+/// handshake over a certificate. (An ACL refusal, `NOPERM`, is told apart before.)
 fn is_refusal(err: &RedisError) -> bool {
     err.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH"))
         || is_certificate_refusal(err)
 }
 
