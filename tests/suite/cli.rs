@@ -928,6 +928,33 @@ fn a_paused_redlock_master_costs_a_command_no_more_than_its_limit() {
     servers[2].resume();
 }
 
+/// `status`, `refresh` and `release` read every key on every master: a paused one costs
+/// them its read limit once, not a connection attempt per key.
+#[test]
+fn reading_keys_past_a_paused_redlock_master_costs_one_limit() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let keys = ["a", "b", "c", "d"];
+    let token = acquire(&urls, &[&["--ttl", "60s"][..], &keys].concat());
+    servers[2].pause();
+    for op in ["status", "refresh", "release"] {
+        let mut command = lockset(&urls);
+        command.arg(op);
+        if op != "status" {
+            command.args(["--token", &token]);
+        }
+        if op == "refresh" {
+            command.args(["--ttl", "10s"]);
+        }
+        let out = finish(command.args(keys));
+        assert_eq!(out.code, Some(0), "{op}: {out:?}");
+        // The read limit (500 ms), the library's per-master limit for the refresh or the
+        // release (5% of 10 s), and a loaded machine's slack.
+        assert!(out.took < Duration::from_millis(2_000), "{op}: {out:?}");
+    }
+    servers[2].resume();
+}
+
 /// `rediss://` to a plain-text port: the handshake gets no answer, and the message asks
 /// whether this is a TLS port, within a few seconds.
 #[cfg(feature = "tls")]

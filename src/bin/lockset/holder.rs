@@ -385,49 +385,13 @@ impl Loss {
     }
 }
 
-/// Reads `key` on every connection of `nodes`; the holds of `token`'s lock are marked as
-/// ours. Fails only when no server answered.
-pub(crate) async fn inspect<C>(nodes: &[C], key: &str, token: Option<&str>) -> RedisResult<Key>
-where
-    C: ConnectionLike + Clone,
-{
-    let mut seen = Vec::with_capacity(nodes.len());
-    let mut queues = Vec::with_capacity(nodes.len());
-    let mut writer_waiting: Option<Duration> = None;
-    let mut last_error = None;
-    for conn in nodes {
-        match lockset::inspect(&mut conn.clone(), [key]).await {
-            Ok(states) => {
-                let (node, queue, mark) = states
-                    .into_iter()
-                    .next()
-                    .map_or((Node::Free, Vec::new(), None), |state| {
-                        from_state(state, token)
-                    });
-                seen.push(node);
-                queues.push(queue);
-                writer_waiting = writer_waiting.max(mark);
-            }
-            Err(err) => {
-                seen.push(Node::Unreachable(err.to_string()));
-                queues.push(Vec::new());
-                last_error = Some(err);
-            }
-        }
-    }
-    let all_failed = seen.iter().all(|node| matches!(node, Node::Unreachable(_)));
-    match last_error {
-        Some(err) if all_failed => Err(err),
-        _ => Ok(Key {
-            name: key.to_owned(),
-            nodes: seen,
-            queues,
-            writer_waiting,
-        }),
-    }
-}
+/// How long one master of several may take to answer a read: a paused or unreachable one
+/// is then described as not answering, and the others still tell who holds the keys. (One
+/// server has redis-rs's own response timeout: it alone can describe them.)
+const READ_LIMIT: Duration = Duration::from_millis(500);
 
-/// Reads every key of `keys`, in order (see [`inspect`]).
+/// Reads every key of `keys` on every connection of `nodes`, all of them at once; the holds
+/// of `token`'s lock are marked as ours. Fails only when no server answered.
 pub(crate) async fn inspect_all<C>(
     nodes: &[C],
     keys: &[String],
@@ -436,11 +400,60 @@ pub(crate) async fn inspect_all<C>(
 where
     C: ConnectionLike + Clone,
 {
-    let mut seen = Vec::with_capacity(keys.len());
-    for key in keys {
-        seen.push(inspect(nodes, key, token).await?);
+    let limit = (nodes.len() > 1).then_some(READ_LIMIT);
+    let reads = nodes.iter().map(|conn| read_node(conn.clone(), keys, limit));
+    let mut answers = futures_util::future::join_all(reads).await;
+    if answers.iter().all(Result::is_err) {
+        if let Some(Err(err)) = answers.pop() {
+            return Err(err);
+        }
     }
-    Ok(seen)
+    let seen = keys.iter().enumerate().map(|(index, key)| {
+        let mut seen = Key {
+            name: key.clone(),
+            nodes: Vec::with_capacity(answers.len()),
+            queues: Vec::with_capacity(answers.len()),
+            writer_waiting: None,
+        };
+        for answer in &answers {
+            let (node, queue, mark) = match answer {
+                Ok(states) => states
+                    .get(index)
+                    .cloned()
+                    .map_or((Node::Free, Vec::new(), None), |state| {
+                        from_state(state, token)
+                    }),
+                Err(err) => (Node::Unreachable(err.to_string()), Vec::new(), None),
+            };
+            seen.nodes.push(node);
+            seen.queues.push(queue);
+            seen.writer_waiting = seen.writer_waiting.max(mark);
+        }
+        seen
+    });
+    Ok(seen.collect())
+}
+
+/// `keys` as one server holds them, within `limit` if any.
+async fn read_node<C>(
+    mut conn: C,
+    keys: &[String],
+    limit: Option<Duration>,
+) -> RedisResult<Vec<KeyState>>
+where
+    C: ConnectionLike,
+{
+    let read = lockset::inspect(&mut conn, keys);
+    let Some(limit) = limit else {
+        return read.await;
+    };
+    tokio::time::timeout(limit, read).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {}", duration::show(limit)),
+        )
+        .into())
+    })
 }
 
 /// The first key of `keys` whose holders keep out a lock in mode `wanted` (as far as a read
@@ -454,8 +467,7 @@ where
     C: ConnectionLike + Clone,
 {
     let mut held = None;
-    for key in keys {
-        let seen = inspect(nodes, key, None).await?;
+    for seen in inspect_all(nodes, keys, None).await? {
         if seen.keeps_out(wanted) {
             return Ok(Some(seen));
         }
