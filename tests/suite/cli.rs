@@ -2128,6 +2128,17 @@ fn a_user_without_scripts_gets_exit_77_and_nothing_locked() {
         assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
         assert!(!exists(&server.url(), "job"), "{args:?}");
     }
+    // Reading the keys runs a script too: the same refusal, the same status.
+    for args in [
+        &["status", "job"][..],
+        &["refresh", "--token", "some-token", "job"],
+        &["release", "--token", "some-token", "job"],
+    ] {
+        let out = finish(lockset(&urls).args(args));
+        assert_eq!(out.code, Some(77), "{args:?}: {out:?}");
+        assert!(out.stderr.to_lowercase().contains("eval"), "{args:?}: {out:?}");
+        assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
+    }
 }
 
 /// A key outside the user's ACL key patterns: 77 (EX_NOPERM) at once, saying that the ACL
