@@ -2141,6 +2141,37 @@ fn a_user_without_scripts_gets_exit_77_and_nothing_locked() {
     }
 }
 
+/// A server with the scripting commands renamed away: every subcommand exits 77 at once,
+/// as for a user refused them, never 69 (a state to wait out).
+#[test]
+fn a_server_without_scripting_commands_gets_exit_77_from_every_subcommand() {
+    let server = RedisServer::start_with(
+        None,
+        &[
+            "--rename-command",
+            "EVAL",
+            "EVAL-x",
+            "--rename-command",
+            "EVALSHA",
+            "EVALSHA-x",
+        ],
+    );
+    let urls = [server.url()];
+    for args in [
+        &["acquire", "--ttl", "30s", "job"][..],
+        &["run", "--ttl", "30s", "--wait", "5s", "job", "--", "true"],
+        &["status", "job"],
+        &["refresh", "--token", "some-token", "job"],
+        &["release", "--token", "some-token", "job"],
+    ] {
+        let out = finish(lockset(&urls).args(args));
+        assert_eq!(out.code, Some(77), "{args:?}: {out:?}");
+        assert!(out.stderr.to_lowercase().contains("eval"), "{args:?}: {out:?}");
+        assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
+        assert!(!exists(&server.url(), "job"), "{args:?}");
+    }
+}
+
 /// A key outside the user's ACL key patterns: 77 (EX_NOPERM) at once, saying that the ACL
 /// refuses it and where the rule a lock user needs is, never 69 ("unreachable"), and not
 /// tried again under `--wait`.

@@ -117,6 +117,16 @@ pub(crate) fn redis_failure(what: &str, err: &RedisError) -> Failure {
     if is_acl_refusal(err) {
         return Failure::lasting(NOPERM, format!("{what}: {err}{ACL_HINT}"));
     }
+    if refuses_scripts(err) {
+        // The server's words echo the script's text: the command's name says it all.
+        return Failure::lasting(
+            NOPERM,
+            format!(
+                "{what}: the server does not run scripts (EVAL and EVALSHA are renamed or \
+                 disabled), which lockset needs to read and write locks"
+            ),
+        );
+    }
     let message = format!("{what}: {err}{}", hint(err));
     match is_refusal(err) {
         true => Failure::lasting(UNAVAILABLE, message),
@@ -143,6 +153,14 @@ fn refuses_acl(err: &Error) -> bool {
             .any(|(_, failure)| matches!(failure, NodeFailure::Redis(e) if is_acl_refusal(e))),
         _ => false,
     }
+}
+
+/// Whether the server does not know the scripting commands (renamed away, say).
+fn refuses_scripts(err: &RedisError) -> bool {
+    err.detail().is_some_and(|detail| {
+        let detail = detail.to_ascii_lowercase();
+        detail.starts_with("unknown command 'eval")
+    })
 }
 
 /// Whether the server refused the login (a wrong password, an unknown user) or the TLS
