@@ -4,8 +4,7 @@ use lockset::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use lockset::redis::cluster::ClusterClient;
 use lockset::redis::cluster_async::ClusterConnection;
 use lockset::redis::{self, IntoConnectionInfo as _, RedisError};
-use lockset::{Client, QuorumConfig, Replication, SentinelConfig, SentinelConnection, Tls};
-use tokio::task::JoinSet;
+use lockset::{Client, Config, Replication, SentinelConfig, SentinelConnection, Tls, TlsFiles};
 
 use crate::exit::{self, Failure, UNAVAILABLE};
 
@@ -16,10 +15,6 @@ const DEFAULT_URL: &str = "redis://127.0.0.1/";
 /// library's default (6 attempts, 9 s or more) is meant for long-running services; a command line
 /// should answer quickly, and a reconnect is tried again on the next command anyway.
 const CONNECT_RETRIES: usize = 1;
-
-/// How long the Redlock masters not connected yet may still take once a majority is (the
-/// library's `Client::connect_quorum` gives them as long).
-const QUORUM_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// A lock client, and the raw connections to look at keys with: one per Redlock master,
 /// else one.
@@ -73,8 +68,10 @@ pub(crate) struct Plan {
 /// Where the locks live.
 #[derive(Clone)]
 enum Place {
-    /// Single servers: one, or a Redlock quorum.
-    Servers(Vec<redis::Client>),
+    /// One server (boxed: the client is large).
+    Server(Box<redis::Client>),
+    /// A Redlock quorum: the masters, and the library's configuration of them.
+    Quorum(Vec<redis::Client>, Box<Config>),
     /// Seed nodes of a cluster (boxed: the client is large).
     Cluster(Box<ClusterClient>),
     /// Sentinels and the name of the primary they watch.
@@ -82,13 +79,14 @@ enum Place {
 }
 
 /// The TLS settings of `--tls-ca-cert`, `--tls-cert` and `--tls-key` (files read and
-/// checked now: a bad one is bad usage), or `None` when none is given. `tls_urls`: whether
-/// any URL given is `rediss://`; without, the options would be silently ignored.
+/// checked now: a bad one is bad usage), and the files as a configuration names them, or
+/// `None` when none is given. `tls_urls`: whether any URL given is `rediss://`; without,
+/// the options would be silently ignored.
 pub(crate) fn tls(
     ca: Option<&std::path::Path>,
     cert: Option<(&std::path::Path, &std::path::Path)>,
     tls_urls: bool,
-) -> Result<Option<Tls>, Failure> {
+) -> Result<Option<(Tls, TlsFiles)>, Failure> {
     if ca.is_none() && cert.is_none() {
         return Ok(None);
     }
@@ -106,7 +104,12 @@ pub(crate) fn tls(
     if let Some((cert, key)) = cert {
         tls = tls.client_cert_files(cert, key).map_err(usage)?;
     }
-    Ok(Some(tls))
+    let files = TlsFiles {
+        ca_file: ca.map(std::path::Path::to_path_buf),
+        cert_file: cert.map(|(cert, _)| cert.to_path_buf()),
+        key_file: cert.map(|(_, key)| key.to_path_buf()),
+    };
+    Ok(Some((tls, files)))
 }
 
 /// Whether `url` asks for TLS.
@@ -189,8 +192,9 @@ pub(crate) fn plan(
     urls: &[String],
     cluster: bool,
     replicas: Option<u32>,
-    tls: Option<Tls>,
+    tls: Option<(Tls, TlsFiles)>,
 ) -> Result<Plan, Failure> {
+    let (tls, files) = tls.unzip();
     let bad_url = |err: RedisError| Failure::Usage(format!("invalid --redis URL: {err}"));
     let place = if cluster {
         let mut builder = ClusterClient::builder(urls.to_vec()).retries(1);
@@ -202,14 +206,25 @@ pub(crate) fn plan(
         Place::Cluster(Box::new(builder.build().map_err(bad_url)?))
     } else {
         let tls = tls.unwrap_or_default();
-        let clients = urls
+        let mut clients = urls
             .iter()
             .map(|url| {
                 tls.client(url.as_str())
                     .map_err(|err| Failure::Usage(format!("invalid --redis URL: {err}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Place::Servers(clients)
+        match clients.len() {
+            1 => Place::Server(Box::new(clients.remove(0))),
+            _ => {
+                let config = Config {
+                    redlock: urls.to_vec(),
+                    connect_retries: Some(CONNECT_RETRIES),
+                    tls: files,
+                    ..Config::default()
+                };
+                Place::Quorum(clients, Box::new(config))
+            }
+        }
     };
     Ok(Plan { place, replicas })
 }
@@ -228,8 +243,8 @@ pub(crate) async fn connect(plan: Plan) -> Result<Target, Failure> {
                 nodes: vec![conn],
             })
         }
-        Place::Servers(mut clients) if clients.len() == 1 => {
-            let client = clients.remove(0);
+        Place::Server(client) => {
+            let client = *client;
             let conn = manager(&client)
                 .await
                 .map_err(|err| unreachable(&client, &err))?;
@@ -238,7 +253,7 @@ pub(crate) async fn connect(plan: Plan) -> Result<Target, Failure> {
                 nodes: vec![conn],
             })
         }
-        Place::Servers(clients) => quorum(clients).await?,
+        Place::Quorum(clients, config) => quorum(clients, &config).await?,
         // Replicated as its configuration says.
         Place::Sentinel(config) => return sentinel(*config).await,
     };
@@ -290,81 +305,38 @@ impl Target {
     }
 }
 
-/// A Redlock quorum. A minority of masters may be down: their connections are made lazily
-/// (each operation tries again), so the quorum still counts them, and a majority decides.
-async fn quorum(clients: Vec<redis::Client>) -> Result<Target, Failure> {
-    let mut connecting = JoinSet::new();
-    for (index, client) in clients.iter().enumerate() {
-        let client = client.clone();
-        connecting.spawn(async move { (index, manager(&client).await) });
-    }
-    let mut conns: Vec<Option<ConnectionManager>> = vec![None; clients.len()];
-    // What each master that failed to connect said.
-    let mut failed: Vec<Option<String>> = vec![None; clients.len()];
-    let needed = lockset::QuorumConfig::majority(clients.len());
-    // Once a majority is connected, the others get a moment (as the library's
-    // `Client::connect_quorum` gives them); one that is paused or slow is connected when
-    // the lock needs it, within the per-master limit, instead of holding up the command.
-    let mut grace = None;
-    loop {
-        let joined = match grace {
-            None => connecting.join_next().await,
-            Some(until) => match tokio::time::timeout_at(until, connecting.join_next()).await {
-                Ok(joined) => joined,
-                Err(_) => break,
-            },
-        };
-        let Some(joined) = joined else {
-            break;
-        };
-        match joined {
-            Ok((index, Ok(conn))) => conns[index] = Some(conn),
-            Ok((index, Err(err))) if is_no_such_database(&err) => {
-                return Err(unreachable(&clients[index], &err));
-            }
-            Ok((index, Err(err))) => failed[index] = Some(err.to_string()),
-            // A connecting task that panicked: its master counts as not answering.
-            Err(err) => tracing::warn!(target: crate::ui::LOG, "connecting failed: {err}"),
-        }
-        if grace.is_none() && conns.iter().flatten().count() >= needed {
-            grace = Some(tokio::time::Instant::now() + QUORUM_GRACE);
-        }
-    }
-    let down: Vec<String> = conns
-        .iter()
-        .zip(failed)
-        .zip(&clients)
-        .filter(|((conn, _), _)| conn.is_none())
-        .map(|((_, said), client)| {
-            let said = said.unwrap_or_else(|| "not answering yet".to_owned());
-            format!("{}: {said}", address(client))
+/// A Redlock quorum, connected by the library as `config` says: every master at once, on
+/// once a majority is connected (a minority may be down or paused; the library warns of
+/// each, which `ui` shows), a master refusing the login, database or TLS fails. The raw
+/// connections for reading holders connect when a read first needs them.
+async fn quorum(clients: Vec<redis::Client>, config: &Config) -> Result<Target, Failure> {
+    let client = config.connect().await.map_err(|err| quorum_failure(&err))?;
+    let nodes = clients
+        .into_iter()
+        .map(|client| {
+            ConnectionManager::new_lazy_with_config(client.clone(), self::config())
+                .map_err(|err| unreachable(&client, &err))
         })
-        .collect();
-    if clients.len() - down.len() < needed {
-        let message = format!(
-            "cannot reach a majority of the Redis masters ({needed} of {} needed): {}",
-            clients.len(),
-            down.join("; ")
-        );
-        return Err(Failure::new(UNAVAILABLE, message));
-    }
-    for line in &down {
-        tracing::warn!(target: crate::ui::LOG, "Redis master unreachable, the others make a majority: {line}");
-    }
-    let mut masters = Vec::with_capacity(clients.len());
-    let mut nodes = Vec::with_capacity(clients.len());
-    for (conn, client) in conns.into_iter().zip(clients) {
-        let conn = match conn {
-            Some(conn) => conn,
-            None => ConnectionManager::new_lazy_with_config(client.clone(), config())
-                .map_err(|err| unreachable(&client, &err))?,
-        };
-        masters.push(master(conn.clone(), client)?);
-        nodes.push(conn);
-    }
-    let client = Client::quorum(masters, QuorumConfig::default())
-        .map_err(|err| Failure::from_error(&err))?;
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Target::Single(Redis { client, nodes }))
+}
+
+/// The failure to connect to a Redlock quorum: bad usage for a database a master does not
+/// have, else as any library error (a refused login lasting, no majority reachable retried
+/// within `--wait`).
+fn quorum_failure(err: &lockset::Error) -> Failure {
+    match err {
+        lockset::Error::Redis(redis) if is_no_such_database(redis) => Failure::Usage(format!(
+            "invalid --redis URL: a Redis master has no such database ({redis})"
+        )),
+        lockset::Error::Redis(redis) if redis.to_string().contains("is this a TLS port?") => {
+            Failure::lasting(UNAVAILABLE, format!("cannot reach a Redis master: {redis}"))
+        }
+        lockset::Error::Redis(redis) => {
+            exit::redis_failure("cannot reach the Redis masters", redis)
+        }
+        err => Failure::from_error(err),
+    }
 }
 
 /// A single-server client: `Client::connect` without its long connection retries.

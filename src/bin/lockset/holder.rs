@@ -401,12 +401,14 @@ where
     C: ConnectionLike + Clone,
 {
     let limit = (nodes.len() > 1).then_some(READ_LIMIT);
-    let reads = nodes.iter().map(|conn| read_node(conn.clone(), keys, limit));
+    let reads = nodes
+        .iter()
+        .map(|conn| read_node(conn.clone(), keys, limit));
     let mut answers = futures_util::future::join_all(reads).await;
-    if answers.iter().all(Result::is_err) {
-        if let Some(Err(err)) = answers.pop() {
-            return Err(err);
-        }
+    if answers.iter().all(Result::is_err)
+        && let Some(Err(err)) = answers.pop()
+    {
+        return Err(err);
     }
     let seen = keys.iter().enumerate().map(|(index, key)| {
         let mut seen = Key {

@@ -131,7 +131,7 @@ async fn execute(global: &Global, command: &LockCommand, ui: Ui) -> Result<u8, F
             global.master.as_deref(),
             global.replicas,
             global.restart_grace,
-            tls,
+            tls.map(|(tls, _)| tls),
         )?,
         false => connect::plan(&urls, global.cluster, global.replicas, tls)?,
     };

@@ -55,8 +55,11 @@ impl Ui {
         } else {
             level.min(LevelFilter::WARN)
         };
+        // What connecting to a Redlock quorum found (masters down, not answering, refusing
+        // the login) is the library's to say, and said as `lockset`'s own lines are.
         let filter = Targets::new()
             .with_target("lockset", level)
+            .with_target("lockset::connect", own)
             .with_target(LOG, own)
             .with_default(others);
         let logs = tracing_subscriber::fmt::layer()

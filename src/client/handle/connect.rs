@@ -208,6 +208,11 @@ impl Client {
 /// paused one costs a starting service nothing it would notice.
 const QUORUM_GRACE: Duration = Duration::from_millis(50);
 
+/// The `tracing` target of what connecting to a Redlock quorum found (masters down, not
+/// answering, refusing the settings): one a subscriber can show alone, as the command line
+/// does.
+const CONNECT_LOG: &str = "lockset::connect";
+
 /// A redis-rs client for `url`: over TLS with the system's roots for `rediss://` (feature
 /// `tls`).
 fn redis_client(url: &str) -> Result<redis::Client> {
@@ -252,12 +257,12 @@ async fn connect_majority(
             }
             Err(err) if is_down(&clients[index], &err) => {
                 let address = address(index);
-                tracing::warn!(%address, %err, "a Redlock master is down; it joins once it answers");
+                tracing::warn!(target: CONNECT_LOG, %address, %err, "a Redlock master is unreachable; it joins once it answers");
                 down.push((index, format!("{address}: {err}")));
             }
             Err(err) => {
                 let address = address(index);
-                tracing::warn!(%address, %err, "a Redlock master refuses this client's settings");
+                tracing::warn!(target: CONNECT_LOG, %address, %err, "a Redlock master refuses this client's settings");
                 return Err(err.into());
             }
         }
@@ -272,7 +277,7 @@ async fn connect_majority(
     for (index, conn) in conns.iter().enumerate() {
         if conn.is_none() && !down.iter().any(|(down, _)| *down == index) {
             let address = address(index);
-            tracing::warn!(%address, "a Redlock master has not answered yet; it joins once it answers");
+            tracing::warn!(target: CONNECT_LOG, %address, "a Redlock master has not answered yet; it joins once it answers");
         }
     }
     Ok(conns)
