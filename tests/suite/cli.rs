@@ -2139,25 +2139,16 @@ fn a_user_without_scripts_gets_exit_77_and_nothing_locked() {
     ];
     assert!(support::server::cli(server.port(), &user).contains("OK"));
     let urls = [format!("redis://locker:pw@127.0.0.1:{}/", server.port())];
-    for args in [
-        &["acquire", "--ttl", "30s", "job"][..],
-        &["run", "--ttl", "30s", "job", "--", "true"],
-    ] {
-        let out = finish(lockset(&urls).args(args));
-        assert_eq!(out.code, Some(77), "{args:?}: {out:?}");
-        assert!(out.stderr.contains("EVALSHA"), "{args:?}: {out:?}");
-        assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
-        assert!(!exists(&server.url(), "job"), "{args:?}");
-    }
-    // Reading the keys runs a script too: the same refusal, the same status.
-    refused_scripts_by_every_reader(&urls);
+    every_subcommand_is_refused_scripts(&urls, &server);
 }
 
-/// `status`, `refresh` and `release` on a server that refuses scripts: 77 at once, naming
-/// the scripting command.
-fn refused_scripts_by_every_reader(urls: &[String]) {
+/// Every subcommand on a server that refuses scripts: 77 at once, naming the scripting
+/// command, nothing locked (reading the keys runs a script too: the same refusal).
+fn every_subcommand_is_refused_scripts(urls: &[String], server: &RedisServer) {
     for args in [
-        &["status", "job"][..],
+        &["acquire", "--ttl", "30s", "job"][..],
+        &["run", "--ttl", "30s", "--wait", "5s", "job", "--", "true"],
+        &["status", "job"],
         &["refresh", "--token", "some-token", "job"],
         &["release", "--token", "some-token", "job"],
     ] {
@@ -2168,6 +2159,7 @@ fn refused_scripts_by_every_reader(urls: &[String]) {
             "{args:?}: {out:?}"
         );
         assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
+        assert!(!exists(&server.url(), "job"), "{args:?}");
     }
 }
 
@@ -2186,18 +2178,7 @@ fn a_server_without_scripting_commands_gets_exit_77_from_every_subcommand() {
             "EVALSHA-x",
         ],
     );
-    let urls = [server.url()];
-    for args in [
-        &["acquire", "--ttl", "30s", "job"][..],
-        &["run", "--ttl", "30s", "--wait", "5s", "job", "--", "true"],
-    ] {
-        let out = finish(lockset(&urls).args(args));
-        assert_eq!(out.code, Some(77), "{args:?}: {out:?}");
-        assert!(out.stderr.contains("EVALSHA"), "{args:?}: {out:?}");
-        assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
-        assert!(!exists(&server.url(), "job"), "{args:?}");
-    }
-    refused_scripts_by_every_reader(&urls);
+    every_subcommand_is_refused_scripts(&[server.url()], &server);
 }
 
 /// A key outside the user's ACL key patterns: 77 (EX_NOPERM) at once, saying that the ACL
