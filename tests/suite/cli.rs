@@ -935,18 +935,26 @@ fn a_paused_redlock_master_costs_a_command_no_more_than_its_limit() {
 fn a_redlock_master_refusing_the_login_is_named_and_locks_nothing() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let mut urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-    urls[2] = format!("redis://:wrong@127.0.0.1:{}/", servers[2].port());
-    let out = finish(lockset(&urls).args(["acquire", "--ttl", "30s", "--wait", "5s", "job"]));
-    assert_eq!(out.code, Some(69), "{out:?}");
-    assert!(out.stderr.contains("refuses"), "{out:?}");
-    assert!(
-        out.stderr
-            .contains(&format!("127.0.0.1:{}", servers[2].port())),
-        "{out:?}"
-    );
-    // A setting to fix: not waited for.
-    assert!(out.took < Duration::from_millis(2_000), "{out:?}");
-    assert!(servers.iter().all(|server| !exists(&server.url(), "job")));
+    let port = servers[2].port();
+    support::server::cli(port, &["CONFIG", "SET", "requirepass", "secret"]);
+    // A wrong password, and none where the master wants one.
+    for url in [
+        format!("redis://:wrong@127.0.0.1:{port}/"),
+        format!("redis://127.0.0.1:{port}/"),
+    ] {
+        urls[2] = url;
+        let out = finish(lockset(&urls).args(["acquire", "--ttl", "30s", "--wait", "5s", "job"]));
+        assert_eq!(out.code, Some(69), "{out:?}");
+        assert!(out.stderr.contains("refuses"), "{out:?}");
+        assert!(out.stderr.contains(&format!("127.0.0.1:{port}")), "{out:?}");
+        // A setting to fix: not waited for.
+        assert!(out.took < Duration::from_millis(2_000), "{out:?}");
+        assert!(
+            servers[..2]
+                .iter()
+                .all(|server| !exists(&server.url(), "job"))
+        );
+    }
 }
 
 /// `status`, `refresh` and `release` read every key on every master: a paused one costs

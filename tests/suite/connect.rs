@@ -137,3 +137,29 @@ async fn a_quorum_without_a_majority_up_fails_at_once_saying_so() {
         assert!(err.to_string().contains("majority"), "way {way}: {err}");
     }
 }
+
+/// A master that asks for a password none was given (`NOAUTH`) is a setting to fix, as a
+/// wrong password is: no client, at once, rather than a quorum that silently runs without
+/// it on every operation. So is a single server's, at `Client::connect`.
+#[tokio::test]
+async fn a_server_wanting_a_password_none_was_given_fails_the_connect() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    support::server::cli(
+        servers[2].port(),
+        &["CONFIG", "SET", "requirepass", "secret"],
+    );
+    for way in 0..3 {
+        let start = Instant::now();
+        let err = match way {
+            0 => connect_quorum(&urls).await,
+            1 => configured_quorum(&urls).await,
+            _ => Client::connect(&urls[2]).await,
+        }
+        .unwrap_err();
+        let took = start.elapsed();
+        assert!(took < AT_ONCE, "way {way}: {took:?}: {err}");
+        assert!(err.to_string().contains("NOAUTH"), "way {way}: {err}");
+        assert!(!err.is_unavailable(), "way {way}: {err:?}");
+    }
+}

@@ -87,9 +87,9 @@ impl Client {
     ///
     /// [`Error::Redis`], within redis-rs's connection timeout (1 s): when nobody listens on
     /// the port ([`Error::is_unavailable`]: a server not started yet is not waited for);
-    /// when the server refuses the login or the database the URL selects, or the TLS
-    /// handshake fails (an untrusted certificate): settings to fix, not failures to wait
-    /// out; when a `rediss://` URL gets no TLS handshake in time (a timeout, whose text asks
+    /// when the server refuses the login (a wrong password, or none where it wants one:
+    /// `NOAUTH`) or the database the URL selects, or the TLS handshake fails (an untrusted
+    /// certificate): settings to fix, not failures to wait out; when a `rediss://` URL gets no TLS handshake in time (a timeout, whose text asks
     /// "is this a TLS port?"). Other failures (a timeout on a plain-text port, a reset, a
     /// server at its client limit) are tried again by redis-rs's connection manager: 6
     /// attempts, 9 s or more (16.5 s against a server that accepts and never answers, measured
@@ -154,7 +154,8 @@ impl Client {
     ///
     /// Before anything is sent, the errors of [`Client::quorum`] for `config`, and
     /// [`Error::Redis`] for a URL that does not parse. Then [`Error::Redis`]: when a master
-    /// refuses the login or the database the URL selects, or a `rediss://` URL gets no TLS
+    /// refuses the login (`NOAUTH` too: it would fail its part of every operation) or the
+    /// database the URL selects, or a `rediss://` URL gets no TLS
     /// handshake (settings to fix, as for [`Client::connect`]; logged with the master's
     /// address), as far as it says so before a majority connected and the grace passed;
     /// when so many masters are down that no majority can connect
@@ -354,9 +355,24 @@ pub(super) async fn manager(
         }
         std::future::pending().await
     };
-    tokio::select! {
+    let conn = tokio::select! {
         conn = ConnectionManager::new_with_config(client.clone(), dial.manager_config()) => conn,
         err = final_failure => Err(err),
+    }?;
+    without_login_missing(conn).await
+}
+
+/// `conn`, unless its server wants a password none was given: such a server accepts the
+/// connection and refuses every command after it (`NOAUTH`), which would make a Redlock
+/// master silently fail its part of every operation. Asked once, so that it fails the
+/// connect as a wrong password does. (`PING` only for that answer: a user refused `PING`
+/// itself may still lock.)
+async fn without_login_missing(
+    mut conn: ConnectionManager,
+) -> redis::RedisResult<ConnectionManager> {
+    match redis::cmd("PING").query_async::<()>(&mut conn).await {
+        Err(err) if err.code() == Some("NOAUTH") => Err(err),
+        _ => Ok(conn),
     }
 }
 
