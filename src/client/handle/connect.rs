@@ -87,9 +87,10 @@ impl Client {
     ///
     /// [`Error::Redis`], within redis-rs's connection timeout (1 s): when nobody listens on
     /// the port ([`Error::is_unavailable`]: a server not started yet is not waited for);
-    /// when the server refuses the login (a wrong password, or none where it wants one:
-    /// `NOAUTH`) or the database the URL selects, or the TLS handshake fails (an untrusted
-    /// certificate): settings to fix, not failures to wait out; when a `rediss://` URL gets no TLS handshake in time (a timeout, whose text asks
+    /// when the server refuses the login or the database the URL selects, or the TLS
+    /// handshake fails (an untrusted certificate): settings to fix, not failures to wait
+    /// out (a server that wants a password none was given lets the connection in, and
+    /// refuses the first operation: `NOAUTH`); when a `rediss://` URL gets no TLS handshake in time (a timeout, whose text asks
     /// "is this a TLS port?"). Other failures (a timeout on a plain-text port, a reset, a
     /// server at its client limit) are tried again by redis-rs's connection manager: 6
     /// attempts, 9 s or more (16.5 s against a server that accepts and never answers, measured
@@ -233,7 +234,13 @@ async fn connect_majority(
     let mut connecting: FuturesUnordered<_> = clients
         .iter()
         .enumerate()
-        .map(|(index, client)| async move { (index, manager(client, dial).await) })
+        .map(|(index, client)| async move {
+            let conn = match manager(client, dial).await {
+                Ok(conn) => without_login_missing(conn).await,
+                Err(err) => Err(err),
+            };
+            (index, conn)
+        })
         .collect();
     let mut conns: Vec<Option<ConnectionManager>> = vec![None; clients.len()];
     let address = |index: usize| clients[index].get_connection_info().addr().to_string();
@@ -355,17 +362,17 @@ pub(super) async fn manager(
         }
         std::future::pending().await
     };
-    let conn = tokio::select! {
+    tokio::select! {
         conn = ConnectionManager::new_with_config(client.clone(), dial.manager_config()) => conn,
         err = final_failure => Err(err),
-    }?;
-    without_login_missing(conn).await
+    }
 }
 
 /// `conn`, unless its server wants a password none was given: such a server accepts the
 /// connection and refuses every command after it (`NOAUTH`), which would make a Redlock
-/// master silently fail its part of every operation. Asked once, so that it fails the
-/// connect as a wrong password does. (`PING` only for that answer: a user refused `PING`
+/// master silently fail its part of every operation while the others lock. Asked once, so
+/// that it fails the quorum's connect as a wrong password does. (A single server's client
+/// is told at its first operation. `PING` only for that answer: a user refused `PING`
 /// itself may still lock.)
 async fn without_login_missing(
     mut conn: ConnectionManager,
