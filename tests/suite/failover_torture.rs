@@ -301,12 +301,28 @@ async fn a_planned_failover_never_gives_one_lock_to_two_runs() {
 /// since the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_restarted_empty_grants_nothing_while_a_lock_it_forgot_may_be_valid() {
+    restarted_primary_grants_nothing_while_a_lock_it_forgot_may_be_valid(false).await;
+}
+
+/// As above, but the primary comes back with a snapshot older than the lock (`save`
+/// persistence, or the file of a replica sync it once made): it says it was a replica
+/// (`second_repl_offset` is the snapshot's, not -1), and forgot the lock all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_restarted_from_an_old_snapshot_grants_nothing_while_a_lock_it_forgot_may_be_valid()
+ {
+    restarted_primary_grants_nothing_while_a_lock_it_forgot_may_be_valid(true).await;
+}
+
+async fn restarted_primary_grants_nothing_while_a_lock_it_forgot_may_be_valid(snapshot: bool) {
     let ttl = ms(4_000);
     for trial in 0..trials() {
         let mut failover = Failover::start(2).await;
         // The sentinels knew the primary before it restarts (as in any deployment that has
         // run for a while): what tells a restart from a new deployment.
         failover.sentinels_up_for(ms(3_000)).await;
+        if snapshot {
+            failover.snapshot_primary();
+        }
         let sections = Sections::default();
         let holder = Client::connect_sentinel(failover.config(Replication::all()))
             .await
@@ -335,7 +351,10 @@ async fn a_primary_restarted_empty_grants_nothing_while_a_lock_it_forgot_may_be_
             .obtain("other", ttl, &Options::default())
             .await
             .unwrap();
-        failover.restart_primary_empty(ms(100)).await;
+        match snapshot {
+            true => failover.restart_primary_from_snapshot(ms(100)).await,
+            false => failover.restart_primary_empty(ms(100)).await,
+        };
         let restarted = Instant::now();
         // The contender's first obtain after the restart comes once the replicas have the
         // empty data set: they acknowledge it, so only the restart rule can refuse it.

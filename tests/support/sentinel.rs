@@ -2,6 +2,7 @@
 //! tests. Sentinels notice a dead primary after 1 s and promote the replica with the most
 //! data; a killed server can come back as a replica of the new primary.
 
+use std::path::Path;
 use std::time::Duration;
 
 use lockset::{Replication, SentinelConfig};
@@ -492,12 +493,47 @@ impl Failover {
     /// empty and still a primary (no persistence), before the sentinels notice: its replicas
     /// resynchronize from the empty data set. Returns its index.
     pub async fn restart_primary_empty(&mut self, after: Duration) -> usize {
+        self.restart_primary(after, None).await
+    }
+
+    /// Saves the primary's data set now (`SAVE`), for [`Failover::restart_primary_from_snapshot`].
+    pub fn snapshot_primary(&self) {
+        let port = self.nodes[self.primary()].port();
+        assert_eq!(self.ask_node(port, &["SAVE"]).trim(), "OK", "SAVE");
+    }
+
+    /// As [`Failover::restart_primary_empty`], but the new process loads the snapshot the
+    /// primary saved last ([`Failover::snapshot_primary`]): a node restarted with `save`
+    /// persistence, or with the file of an old replica sync, has a data set older than the
+    /// locks it granted since (and says it was a replica: its `second_repl_offset` is the
+    /// snapshot's, not -1).
+    pub async fn restart_primary_from_snapshot(&mut self, after: Duration) -> usize {
+        let primary = self.primary();
+        let dir = self.nodes[primary].dir().expect("the primary's folder");
+        let kept = std::env::temp_dir().join(format!(
+            "lockset-snapshot-{}-{}",
+            std::process::id(),
+            self.nodes[primary].port()
+        ));
+        let _ = std::fs::remove_dir_all(&kept);
+        std::fs::create_dir_all(&kept).expect("snapshot folder");
+        std::fs::copy(dir.join("dump.rdb"), kept.join("dump.rdb")).expect("the snapshot");
+        self.restart_primary(after, Some(&kept)).await
+    }
+
+    /// Kills the primary and starts it again on its port `after` later, loading the
+    /// snapshot in `snapshot`'s folder if any. Returns its index.
+    async fn restart_primary(&mut self, after: Duration, snapshot: Option<&Path>) -> usize {
         let primary = self.primary();
         let port = self.nodes[primary].port();
         self.nodes[primary].kill();
         tokio::time::sleep(after).await;
         self.nodes[primary].release_port();
-        let args = data_node_args(self.secured);
+        let mut args = data_node_args(self.secured);
+        if let Some(folder) = snapshot {
+            // After the server's own `--dir`: the last one given counts.
+            args.extend(["--dir".to_owned(), folder.to_string_lossy().into_owned()]);
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         self.nodes[primary] = RedisServer::start_with(Some(port), &args);
         primary

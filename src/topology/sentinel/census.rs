@@ -52,6 +52,11 @@ pub(crate) struct Sighting {
     /// The run id it last saw the named primary run under (empty: none yet). It asks the
     /// primary for it every 10 s: a restarted primary runs under a new one meanwhile.
     pub(crate) run_id: String,
+    /// How long it has known the named primary as the primary, in milliseconds
+    /// (`role-reported-time`: since its record of the master was made, at its start or at
+    /// the last switch of primary, or since the master last reported another role; `None`:
+    /// not said).
+    pub(crate) primary_for_ms: Option<u64>,
     /// The sentinel's own run id (`INFO server`; empty: not said): a sentinel given twice,
     /// under two names, counts once.
     pub(crate) sentinel_id: String,
@@ -65,6 +70,8 @@ pub(crate) struct Witness {
     pub(crate) sentinels_up: Option<u64>,
     /// The run ids they last saw it run under (none empty).
     pub(crate) run_ids: Vec<String>,
+    /// The longest any of them has known it as the primary, in milliseconds.
+    pub(crate) primary_for_ms: Option<u64>,
 }
 
 /// One sentinel's answer.
@@ -211,6 +218,7 @@ impl Census {
                     .map(|s| s.run_id.clone())
                     .filter(|id| !id.is_empty())
                     .collect(),
+                primary_for_ms: agreeing.iter().filter_map(|s| s.primary_for_ms).max(),
             },
         })
     }
@@ -392,6 +400,9 @@ pub(crate) fn parse_answer(replies: &[Value]) -> Answer {
         } else {
             String::new()
         },
+        primary_for_ms: monitored
+            .then(|| field("role-reported-time").parse().ok())
+            .flatten(),
         sentinel_id,
         host,
         port,
@@ -468,6 +479,7 @@ mod tests {
             replicas: vec![("127.0.0.1".into(), 9000)],
             uptime: Some(10),
             run_id: "ab12".into(),
+            primary_for_ms: Some(9_000),
             sentinel_id: format!("sentinel-{port}-{epoch}"),
         })
     }
@@ -508,6 +520,8 @@ mod tests {
             "master",
             "config-epoch",
             "3",
+            "role-reported-time",
+            "61000",
         ]);
         let replicas = Value::Array(vec![
             replica("7002", "slave", "300"),
@@ -532,6 +546,7 @@ mod tests {
         let ports: Vec<u16> = sighting.replicas.iter().map(|r| r.1).collect();
         assert_eq!(ports, [7002, 7004, 7006]);
         assert_eq!(sighting.uptime, Some(42));
+        assert_eq!(sighting.primary_for_ms, Some(61_000));
         // The leader of a failover names the replica it promotes, which is no replica.
         let answer = parse_answer(&[flat(&["127.0.0.1", "7002"]), master, replicas, info]);
         let Answer::Saw(sighting) = answer else {

@@ -9,8 +9,13 @@
 //! no lock until the longest TTL in use has passed since it started. The client sees the
 //! case from what it asks at connect (every client connects again after a restart):
 //!
-//! - the primary was never a replica since it started (`second_repl_offset:-1`: a promoted
-//!   replica has the data it replicated),
+//! - it did not become the primary by a promotion since it started: it was never a
+//!   replica (`second_repl_offset:-1`; a promoted replica has the data it replicated), or
+//!   the sentinels knew its address as the primary from before it started (their
+//!   `role-reported-time`, which a switch of primary starts again, is longer than its
+//!   uptime). A primary that loads a snapshot at start (`save` persistence, or the file of
+//!   a replica sync it once made) says it was a replica, and has a data set older than the
+//!   locks it granted;
 //! - the sentinels knew an earlier run of it: they last saw it under another run id (they
 //!   ask every 10 s), or they have been up at least [`STARTED_AFTER`] longer than it (a
 //!   deployment started together is new, not restarted), and
@@ -75,6 +80,11 @@ impl Facts {
         let (server, persistence, replication) = (text(1), text(2), text(3));
         let uptime = info_field(&server, "uptime_in_seconds").and_then(|n| n.parse::<u64>().ok());
         let never_replica = info_field(&replication, "second_repl_offset") == Some("-1");
+        // Known as the primary from before it started: not promoted since.
+        let primary_before = match (uptime, witness.primary_for_ms) {
+            (Some(uptime), Some(known)) => known / 1000 >= uptime + STARTED_AFTER,
+            _ => false,
+        };
         let keeps_every_write =
             info_field(&persistence, "aof_enabled") == Some("1") && fsync_always(replies.get(4));
         let run_id = info_field(&server, "run_id").unwrap_or("");
@@ -83,8 +93,9 @@ impl Facts {
             (Some(uptime), Some(sentinels)) => sentinels >= uptime + STARTED_AFTER,
             _ => false,
         };
+        let not_promoted = never_replica || primary_before;
         let restarted =
-            is_primary && never_replica && !keeps_every_write && (rerun || started_after);
+            is_primary && not_promoted && !keeps_every_write && (rerun || started_after);
         Self {
             is_primary,
             restarted_empty: restarted.then(|| latest_start(uptime.unwrap_or(0))),
@@ -150,6 +161,7 @@ mod tests {
         let up = |sentinels_up| Witness {
             sentinels_up: Some(sentinels_up),
             run_ids: vec!["new1".into()],
+            primary_for_ms: None,
         };
         let restarted = Facts::parse(&replies(0, "-1", "0", "everysec"), &up(30));
         assert!(restarted.is_primary);
@@ -186,9 +198,33 @@ mod tests {
         let rerun = Witness {
             sentinels_up: Some(1),
             run_ids: vec!["old1".into()],
+            primary_for_ms: None,
         };
         let facts = Facts::parse(&replies(0, "-1", "0", "no"), &rerun);
         assert!(facts.restarted_empty.is_some());
+    }
+
+    /// A primary that loaded a snapshot at start says it was a replica; the sentinels
+    /// knowing it as the primary from before it started tell it from a promoted replica.
+    #[test]
+    fn a_primary_restarted_from_a_snapshot_is_told_from_a_promoted_replica() {
+        let known_for = |ms| Witness {
+            sentinels_up: Some(60),
+            run_ids: vec!["new1".into()],
+            primary_for_ms: Some(ms),
+        };
+        // Known as the primary for 50 s, up for 2 s: restarted.
+        let facts = Facts::parse(&replies(2, "1234", "0", "everysec"), &known_for(50_000));
+        assert!(facts.restarted_empty.is_some());
+        // Promoted 3 s ago, up for 40 s: it has what it replicated.
+        let facts = Facts::parse(&replies(40, "1234", "0", "everysec"), &known_for(3_000));
+        assert!(facts.restarted_empty.is_none());
+        // Within a second of its uptime: whole seconds cannot tell, so not a restart.
+        let facts = Facts::parse(&replies(2, "1234", "0", "everysec"), &known_for(2_900));
+        assert!(facts.restarted_empty.is_none());
+        // Every acknowledged write on disk: nothing forgotten.
+        let facts = Facts::parse(&replies(2, "1234", "1", "always"), &known_for(50_000));
+        assert!(facts.restarted_empty.is_none());
     }
 
     #[test]
