@@ -1885,6 +1885,47 @@ fn bad_sentinel_options_exit_64_before_anything_is_locked() {
     assert_eq!(out.code, Some(69), "{out:?}");
 }
 
+/// Behind Sentinel as on one server: a refused login (the data nodes' or the sentinels')
+/// is a setting to fix, 69 at once and not tried again within `--wait`; a database the
+/// primary does not have is bad usage (64), as with `--redis`.
+#[test]
+fn refused_logins_behind_sentinel_are_not_waited_for() {
+    use support::sentinel::{Failover, LOCK_USER, MASTER};
+
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let failover = runtime.block_on(Failover::start_secured(1));
+    let wrong_sentinel: Vec<String> = failover
+        .sentinel_urls()
+        .iter()
+        .map(|url| url.replacen("sentinel-secret", "wrong", 1))
+        .collect();
+    let mut wrong_sentinels = lockset(&[]);
+    for url in &wrong_sentinel {
+        wrong_sentinels.args(["--sentinel", url]);
+    }
+    wrong_sentinels.args(["--master", MASTER]);
+    let cases = [
+        (
+            lockset_sentinel(&failover, &format!("redis://{LOCK_USER}:wrong@{MASTER}/0")),
+            69,
+        ),
+        (wrong_sentinels, 69),
+    ];
+    for (mut command, code) in cases {
+        let out = finish(command.args(["acquire", "--wait", "5s", "k"]));
+        assert_eq!(out.code, Some(code), "{out:?}");
+        assert!(out.took < Duration::from_millis(2_000), "{out:?}");
+    }
+    let master = format!(
+        "redis://{LOCK_USER}:{}@{MASTER}/99",
+        support::sentinel::LOCK_PASSWORD
+    );
+    let out = finish(lockset_sentinel(&failover, &master).args(["acquire", "--wait", "5s", "k"]));
+    assert_eq!(out.code, Some(64), "{out:?}");
+    assert!(out.stderr.contains("database"), "{out:?}");
+    assert!(out.took < Duration::from_millis(2_000), "{out:?}");
+}
+
 #[test]
 fn replicas_apply_to_a_single_server_too() {
     let server = RedisServer::start();

@@ -271,6 +271,13 @@ async fn sentinel(config: SentinelConfig) -> Result<Target, Failure> {
             UNAVAILABLE,
             format!("the primary has too few replicas for a lock that survives a failover: {err}"),
         ),
+        lockset::Error::Redis(err) if is_no_such_database(&err) => Failure::Usage(format!(
+            "invalid --master URL: the primary has no such database ({err})"
+        )),
+        // A refused login (the sentinels' or the data nodes') is lasting, as on one server.
+        lockset::Error::Redis(err) => {
+            exit::redis_failure("cannot reach the primary through the sentinels", &err)
+        }
         err => Failure::new(
             UNAVAILABLE,
             format!("cannot reach the primary through the sentinels: {err}"),
