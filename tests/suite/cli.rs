@@ -1926,6 +1926,26 @@ fn refused_logins_behind_sentinel_are_not_waited_for() {
     assert!(out.took < Duration::from_millis(2_000), "{out:?}");
 }
 
+/// A comma inside a `--redis` password is part of it; commas that begin another URL still
+/// separate the masters of `LOCKSET_REDIS` (and of one `--redis`).
+#[test]
+fn a_comma_in_a_password_is_not_a_separator() {
+    let server = RedisServer::start_with(None, &["--requirepass", "p,w"]);
+    let url = format!("redis://:p,w@127.0.0.1:{}/", server.port());
+    let out = finish(lockset(&[url]).args(["acquire", "--ttl", "30s", "job"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    let out = finish(
+        lockset(&[])
+            .env("LOCKSET_REDIS", urls.join(","))
+            .args(["acquire", "--ttl", "30s", "job"]),
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(urls.iter().all(|url| exists(url, "job")), "on every master");
+}
+
 #[test]
 fn replicas_apply_to_a_single_server_too() {
     let server = RedisServer::start();

@@ -65,6 +65,43 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+impl Global {
+    /// Splits each `--redis` and `--sentinel` value (and their variables) into its URLs:
+    /// several may be given in one, separated by commas (see [`split_urls`]).
+    pub(crate) fn split_urls(&mut self) {
+        self.redis = split_urls(&self.redis);
+        self.sentinel = split_urls(&self.sentinel);
+    }
+}
+
+/// `values`, each split at the commas that begin another URL (a scheme follows them:
+/// `redis://`, `rediss://` ...), so that a comma inside a password needs no escaping.
+pub(crate) fn split_urls(values: &[String]) -> Vec<String> {
+    let mut urls = Vec::new();
+    for value in values {
+        let mut start = 0;
+        for (at, _) in value.match_indices(',') {
+            if starts_with_scheme(&value[at + 1..]) {
+                urls.push(value[start..at].to_owned());
+                start = at + 1;
+            }
+        }
+        urls.push(value[start..].to_owned());
+    }
+    urls
+}
+
+/// Whether `text` (leading blanks aside) begins with a URL scheme and `://`.
+fn starts_with_scheme(text: &str) -> bool {
+    let text = text.trim_start();
+    let Some((scheme, _)) = text.split_once("://") else {
+        return false;
+    };
+    let mut chars = scheme.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
 /// Options every subcommand takes, before or after its name.
 #[derive(Debug, Args)]
 pub(crate) struct Global {
@@ -78,7 +115,6 @@ pub(crate) struct Global {
         value_name = "URL",
         global = true,
         env = "LOCKSET_REDIS",
-        value_delimiter = ',',
         hide_env = true,
         help_heading = GLOBAL
     )]
@@ -98,7 +134,6 @@ pub(crate) struct Global {
         value_name = "URL",
         global = true,
         env = "LOCKSET_SENTINEL",
-        value_delimiter = ',',
         hide_env = true,
         help_heading = GLOBAL
     )]
@@ -564,6 +599,25 @@ mod tests {
         assert_eq!(run.obtain.ttl, Duration::from_secs(5));
         assert_eq!(run.keys, ["k"]);
         assert_eq!(run.command, ["true"]);
+    }
+
+    #[test]
+    fn urls_split_at_the_commas_that_begin_another_url() {
+        let given = [
+            "redis://a/,rediss://b:6380/, redis://c/".to_owned(),
+            "redis://:p,w@d/".to_owned(),
+        ];
+        assert_eq!(
+            split_urls(&given),
+            [
+                "redis://a/",
+                "rediss://b:6380/",
+                " redis://c/",
+                "redis://:p,w@d/"
+            ]
+        );
+        // What is not a URL is left whole, for the URL check to refuse.
+        assert_eq!(split_urls(&["a,,b".to_owned()]), ["a,,b"]);
     }
 
     #[test]

@@ -45,10 +45,11 @@ const SETTLE: Duration = Duration::from_secs(2);
 fn main() -> ExitCode {
     obtain::started();
     signals::shield_writes();
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => return ExitCode::from(usage(&err)),
     };
+    cli.global.split_urls();
     let ui = Ui::new(cli.global.quiet, cli.global.verbose);
     let code = match cli.command {
         Command::Lock(mut command) => {
@@ -182,8 +183,7 @@ async fn connect_within(plan: &connect::Plan, wait: Duration) -> Result<Target, 
 /// `--sentinel` overrides).
 fn given_on_command_line(redis: &[String]) -> bool {
     let from_env = std::env::var("LOCKSET_REDIS").unwrap_or_default();
-    let from_env: Vec<&str> = from_env.split(',').collect();
-    !redis.is_empty() && redis.iter().map(String::as_str).ne(from_env)
+    !redis.is_empty() && redis != cli::split_urls(&[from_env])
 }
 
 /// Everything about the input that can be checked without Redis.
