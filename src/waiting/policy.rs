@@ -342,7 +342,7 @@ pub(crate) struct Limit {
 fn cut_at_deadline() -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
-        "the obtain's deadline passed before Redis answered",
+        "the deadline passed before Redis answered",
     ))
 }
 
