@@ -125,7 +125,7 @@ pub use model::mode::Mode;
 pub use model::names::slot_number;
 pub use model::names::{fencing_key_for, queue_key_for, release_channel};
 pub use model::retry::{Backoff, Jitter, Retry, RetryStrategy};
-pub use model::validate::{MAX_KEYS, MAX_METADATA, MAX_TTL};
+pub use model::validate::{MAX_KEYS, MAX_LOCK_METADATA, MAX_METADATA, MAX_TTL};
 pub use model::value::parse_value;
 pub use observe::{Blocked, RetryEvent};
 pub use rt::signal::LostSignal;

@@ -342,7 +342,7 @@ where
     pub async fn refresh(&self, ttl: Duration, options: &Options) -> Result<()> {
         let start = Instant::now();
         let ttl = Ttl::new(ttl)?;
-        options.check_metadata()?;
+        options.check_metadata(self.keys.len())?;
         let deadline = options.deadline_from(start, ttl.duration);
         let span = op_span!("lockset.refresh", &self.keys);
         let mut watch = Watch::new(&self.keys, options.on_retry.as_ref());

@@ -258,10 +258,15 @@ impl Options {
         self.metadata.as_deref().unwrap_or_default()
     }
 
-    /// Checks the metadata (at most [`MAX_METADATA`](crate::MAX_METADATA) bytes), before
-    /// anything is sent.
-    pub(crate) fn check_metadata(&self) -> Result<(), crate::model::invalid::InvalidInput> {
-        crate::model::validate::metadata(self.metadata_to_store())
+    /// Checks the metadata for a lock of `keys` keys (at most
+    /// [`MAX_METADATA`](crate::MAX_METADATA) bytes, and
+    /// [`MAX_LOCK_METADATA`](crate::MAX_LOCK_METADATA) over all keys), before anything is
+    /// sent.
+    pub(crate) fn check_metadata(
+        &self,
+        keys: usize,
+    ) -> Result<(), crate::model::invalid::InvalidInput> {
+        crate::model::validate::metadata(self.metadata_to_store(), keys)
     }
 
     /// When a call that started at `start` must stop retrying; `None` when that lies

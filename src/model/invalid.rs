@@ -47,6 +47,19 @@ pub enum InvalidInput {
         /// The limit.
         max: usize,
     },
+    /// More metadata over all keys of a lock (keys × metadata) than
+    /// [`MAX_LOCK_METADATA`](crate::MAX_LOCK_METADATA) bytes.
+    #[error(
+        "invalid input: {keys} keys of {len} bytes of metadata each, at most {max} bytes over all keys are allowed"
+    )]
+    LockMetadataTooLarge {
+        /// How many keys the lock has.
+        keys: usize,
+        /// How many bytes of metadata each stores.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// More keys than [`MAX_KEYS`](crate::MAX_KEYS).
     #[error("invalid input: {count} keys, at most {max} are allowed")]
     TooManyKeys {

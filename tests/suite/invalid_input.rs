@@ -145,6 +145,38 @@ async fn a_fractional_millisecond_ttl_rounds_up() {
     assert!(text.contains("\"2\""), "expected PX 2 in {text}");
 }
 
+/// Every key of a lock stores its metadata, and a release reads every key's value: past
+/// [`lockset::MAX_LOCK_METADATA`] bytes over all keys a lock is refused before anything is
+/// sent (2,500 keys of 64 KiB blocked the server ~1 s in a release, which timed out). At the
+/// limit, its release takes well within redis-rs's 500 ms response timeout.
+#[tokio::test]
+async fn metadata_over_all_keys_past_the_limit_is_refused_before_sending() {
+    use lockset::{MAX_LOCK_METADATA, MAX_METADATA};
+    let env = Env::start().await;
+    let client = &env.client;
+    let most = MAX_LOCK_METADATA / MAX_METADATA;
+    let keys = |n: usize| -> Vec<String> { (0..n).map(|i| format!("{{big}}:{i}")).collect() };
+    let big = Options::default().metadata("m".repeat(MAX_METADATA));
+    let start = tokio::time::Instant::now();
+    assert_eq!(
+        invalid(client.obtain_multi(keys(most + 1), ms(10_000), &big).await),
+        InvalidInput::LockMetadataTooLarge {
+            keys: most + 1,
+            len: MAX_METADATA,
+            max: MAX_LOCK_METADATA,
+        }
+    );
+    assert!(start.elapsed() < ms(100), "{:?}", start.elapsed());
+    assert_nothing_sent(&env).await;
+    let lock = client
+        .obtain_multi(keys(most), ms(10_000), &big)
+        .await
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    lock.release().await.unwrap();
+    assert!(start.elapsed() < ms(250), "{:?}", start.elapsed());
+}
+
 /// Metadata is stored in every key of a lock: past [`MAX_METADATA`] bytes it is refused
 /// before anything is sent (obtain, adopt, refresh), and the lock keeps what it had. (10 MB
 /// on 10 keys raised a server's memory by 120 MB, and the next release timed out.)

@@ -96,7 +96,7 @@ where
         let (keys, modes) = mode::split(keys);
         let modes = checked_modes(&keys, modes)?;
         let ttl = Ttl::new(ttl)?;
-        options.check_metadata()?;
+        options.check_metadata(keys.len())?;
         let token = options
             .token
             .as_deref()
@@ -267,7 +267,7 @@ where
     ) -> Result<(Won, Option<Modes>)> {
         let modes = checked_modes(keys, modes)?;
         let ttl = Ttl::new(ttl)?;
-        options.check_metadata()?;
+        options.check_metadata(keys.len())?;
         let custom = options.token.as_deref().map(Owner::custom).transpose()?;
         let counter = self.fencing_counter(keys, options)?;
         #[cfg(feature = "cluster")]
