@@ -507,6 +507,12 @@ where
             },
         )
         .await
+        // An attempt cut at the deadline: a reply that did not come in time, as a refresh
+        // reports it (an obtain's unknown outcome means keys to clean up; a refresh has none).
+        .map_err(|err| match err {
+            Error::UnknownOutcome(err) => Error::Redis(err),
+            err => err,
+        })
     }
 
     /// Refreshes once with the TTL the lock was obtained with (for the watchdog), in a

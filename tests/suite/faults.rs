@@ -236,3 +236,27 @@ async fn a_server_paused_past_the_ttl_fires_the_lost_signal_of_a_kept_alive_lock
     server.resume();
     drop(guard);
 }
+
+/// A refresh cut at its deadline by a paused server is a Redis error (the reply did not come
+/// in time), not an obtain's unknown outcome, and its message speaks of no obtain.
+#[tokio::test]
+async fn a_refresh_cut_at_its_deadline_is_a_redis_error() {
+    let server = RedisServer::start();
+    let client = Client::connect(&server.url()).await.unwrap();
+    let lock = client
+        .obtain("job", ms(30_000), &Options::default())
+        .await
+        .unwrap();
+    server.pause();
+    let start = tokio::time::Instant::now();
+    let err = lock
+        .refresh(ms(30_000), &Options::default().timeout(ms(300)))
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    server.resume();
+    assert!(matches!(err, Error::Redis(_)), "{err:?}");
+    assert!(!err.to_string().contains("obtain"), "{err}");
+    // The deadline, the attempt's grace past it, and a loaded machine's slack.
+    assert!(took < ms(700), "{took:?}");
+}
