@@ -164,7 +164,7 @@ pub enum Error {
     /// by too few to decide, [`Error::is_unavailable`] is true instead: nothing is known
     /// about the lock. A majority that agreed too late (`expired`) is not obtained for an
     /// obtain and not held for a refresh.
-    #[error("{op}: {succeeded} of {nodes} masters agreed, {needed} needed{}: {}",
+    #[error("{op}: {succeeded} of {nodes} masters agreed, {needed} needed{}{}",
         if *expired { " but the validity ran out" } else { "" },
         describe(failures))]
     Quorum {
@@ -361,11 +361,14 @@ fn left_text(left: Option<Duration>) -> String {
 }
 
 fn describe(failures: &[(usize, NodeFailure)]) -> String {
+    if failures.is_empty() {
+        return String::new();
+    }
     let parts: Vec<String> = failures
         .iter()
         .map(|(node, failure)| format!("master {node}: {failure}"))
         .collect();
-    parts.join("; ")
+    format!(": {}", parts.join("; "))
 }
 
 impl Error {

@@ -804,3 +804,37 @@ async fn a_mode_mismatch_on_a_majority_ends_the_obtain_at_once() {
         lock.release().await.unwrap();
     }
 }
+
+/// A TTL within the drift allowance (ttl × 0.01 + 2 ms) can make no valid lock: the obtain
+/// ends at once, nothing sent and nothing retried, and its message ends with what it says
+/// (no dangling separator for failures there were none of).
+#[tokio::test]
+async fn a_ttl_within_the_drift_allowance_ends_at_once() {
+    let m = Masters::start(config()).await;
+    let patient = Options::default()
+        .retry(Retry::linear(ms(1)))
+        .timeout(ms(2_000));
+    let start = Instant::now();
+    let err = m
+        .redlock
+        .obtain("short", ms(2), &patient)
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        matches!(
+            err,
+            Error::Quorum {
+                expired: true,
+                succeeded: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!err.to_string().ends_with(": "), "{err}");
+    assert!(took < ms(100), "retried for {took:?}");
+    for i in 0..5 {
+        assert_eq!(m.get(i, "short").await, None, "master {i}");
+    }
+}

@@ -102,6 +102,17 @@ where
             Err(Error::Redis(err)) if is_outcome_unknown(&err) => {
                 Step::from_error(Error::UnknownOutcome(err))
             }
+            // A quorum's TTL within its drift allowance: no attempt could ever be valid
+            // (nothing was sent), so none is retried.
+            Err(
+                err @ Error::Quorum {
+                    expired: true,
+                    succeeded: 0,
+                    ..
+                },
+            ) if matches!(&err, Error::Quorum { failures, .. } if failures.is_empty()) => {
+                Step::Stop(err)
+            }
             Err(err) => Step::from_error(err),
         }
     }
