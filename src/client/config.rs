@@ -309,14 +309,16 @@ impl Config {
     /// Everything that can be checked without a server is checked first, and nothing is
     /// sent when it fails: one topology named; the settings given are ones it uses
     /// (`node_timeout` and `drift_factor` only with `redlock`, `connect_retries` only with
-    /// `url` or `redlock`, `replication_timeout` only with `replicas` or `sentinel`); the
+    /// `url` or `redlock`, `replication_timeout` only with `replicas` or `sentinel`); no
+    /// zero connect or response timeout (every request would fail at random); the
     /// TLS files read and the crate's features present; the replication and quorum
     /// settings' own rules.
     ///
     /// # Errors
     ///
     /// [`InvalidInput::Config`] for a topology named twice or not at all, a setting its
-    /// topology does not use, or one that needs a feature the crate was built without;
+    /// topology does not use, a zero timeout, or one that needs a feature the crate was
+    /// built without;
     /// [`InvalidInput::Tls`](InvalidInput) for a TLS file that cannot be read;
     /// [`InvalidInput::ZeroReplicationTimeout`], [`InvalidInput::DriftFactor`],
     /// [`InvalidInput::ZeroNodeTimeout`]: all before anything is sent. Then the errors of
@@ -374,6 +376,14 @@ impl Config {
         ];
         if let Some((name, _, why)) = misplaced.iter().find(|(_, wrong, _)| *wrong) {
             return Err(config_error(format!("`{name}` is {why}")).into());
+        }
+        // A zero timeout fails every request at random (redis-rs's timer races the reply).
+        let zero = [
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+        ];
+        if let Some((name, _)) = zero.iter().find(|(_, t)| *t == Some(Duration::ZERO)) {
+            return Err(config_error(format!("`{name}` must not be zero")).into());
         }
         if redlock {
             self.quorum().check()?;

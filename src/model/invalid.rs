@@ -92,6 +92,9 @@ pub enum InvalidInput {
         /// The lock's first key.
         key: String,
     },
+    /// [`Options::fencing_key`](crate::Options::fencing_key) names the empty string.
+    #[error("invalid input: the fencing counter key is empty")]
+    EmptyFencingKey,
     /// On a Redis Cluster, every key of one lock (and the fencing counter derived from or
     /// given for it) must hash to one slot. Give the keys a common hash tag: only the part
     /// between the first `{` and the next `}` is hashed, so `{user42}:cart` and

@@ -161,10 +161,36 @@ pub(crate) fn holder_metadata(value: &[u8]) -> Option<String> {
 }
 
 /// A holder's metadata as a refusal shows it: its first [`HOLDER_SHOWN`] bytes, made valid
-/// UTF-8 (a character cut at the end, or any byte that is not UTF-8, is replaced).
+/// UTF-8. A character the cut at [`HOLDER_SHOWN`] bytes split is left out (what is shown
+/// is a prefix of the metadata); any other byte that is not UTF-8 is replaced.
 pub(crate) fn shown_metadata(metadata: &[u8]) -> String {
-    let metadata = &metadata[..metadata.len().min(HOLDER_SHOWN)];
+    let metadata = match metadata.len() {
+        len if len >= HOLDER_SHOWN => without_split_char(&metadata[..HOLDER_SHOWN]),
+        _ => metadata,
+    };
     String::from_utf8_lossy(metadata).into_owned()
+}
+
+/// `bytes` without a UTF-8 character that a cut at their end split (its first bytes).
+fn without_split_char(bytes: &[u8]) -> &[u8] {
+    // The last character's first byte: a continuation byte is 0b10xxxxxx, and a character
+    // has at most three of them.
+    let Some(first) = (bytes.len().saturating_sub(4)..bytes.len())
+        .rev()
+        .find(|&i| bytes[i] & 0xC0 != 0x80)
+    else {
+        return bytes;
+    };
+    let length = match bytes[first] {
+        lead if lead >= 0xF0 => 4,
+        lead if lead >= 0xE0 => 3,
+        lead if lead >= 0xC0 => 2,
+        _ => 1,
+    };
+    match bytes.len() - first < length {
+        true => &bytes[..first],
+        false => bytes,
+    }
 }
 
 /// `value` without a waiter's mark.
@@ -205,6 +231,14 @@ mod tests {
         }
         let long = format!("3:abc{}", "m".repeat(300));
         assert_eq!(holder_metadata(long.as_bytes()), Some("m".repeat(256)));
+        // A character the cut splits is left out: what is shown is a prefix.
+        let accented = format!("3:abcm{}", "é".repeat(200));
+        let shown = holder_metadata(accented.as_bytes()).unwrap();
+        assert_eq!(shown.len(), 255);
+        assert!(accented.ends_with(&shown[shown.len() - 2..]) && !shown.contains('\u{fffd}'));
+        // As the scripts send it: already cut at 256 bytes.
+        let sent = &accented.as_bytes()[5..5 + 256];
+        assert_eq!(shown_metadata(sent), shown);
     }
 
     #[test]

@@ -181,6 +181,20 @@ async fn settings_the_topology_does_not_use_or_breaks_are_refused_before_sending
     };
     let cases = [
         (
+            "a zero response timeout",
+            Config {
+                response_timeout: Some(ms(0)),
+                ..Config::url(&url)
+            },
+        ),
+        (
+            "a zero connect timeout",
+            Config {
+                connect_timeout: Some(ms(0)),
+                ..Config::url(&url)
+            },
+        ),
+        (
             "node_timeout with url",
             Config {
                 node_timeout: Some(ms(100)),

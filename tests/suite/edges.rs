@@ -424,6 +424,16 @@ async fn a_fencing_counter_that_is_also_a_lock_key_is_refused_before_sending() {
         matches!(&err, Error::InvalidInput(InvalidInput::FencingKeyIsLocked { key }) if key == "{y}b"),
         "{err:?}"
     );
+    // An empty counter key, as an empty lock key is: refused, no key "" counted.
+    let err = env
+        .client
+        .obtain("z", ms(10_000), &Options::default().fencing_key(""))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput(InvalidInput::EmptyFencingKey)),
+        "{err:?}"
+    );
     assert_eq!(env.dbsize().await, 0);
     assert_eq!(env.calls("evalsha").await + env.calls("set").await, 0);
 }

@@ -353,6 +353,9 @@ where
         let counter = fencing
             .counter_key(first)
             .ok_or_else(|| InvalidInput::NoFencingKey { key: first.clone() })?;
+        if counter.is_empty() {
+            return Err(InvalidInput::EmptyFencingKey.into());
+        }
         // The lock would overwrite its own counter, and its release delete it.
         if keys.contains(&counter) {
             return Err(InvalidInput::FencingKeyIsLocked { key: counter }.into());
