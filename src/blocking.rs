@@ -150,11 +150,31 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn drop(&mut self) {
-        // Lets the background work finish (a dropped guard's release, say), for a while.
-        // (The timer is made inside the runtime, where it must be.)
-        let idle = async { tokio::time::timeout(SETTLE, self.client.background_idle()).await };
-        let _ = self.engine.block_on(idle);
+        // Lets the background work finish (a dropped guard's release, say), for a while,
+        // before the runtime stops. Inside an async runtime, where this thread must not
+        // block, a thread of its own waits, and lets the runtime go after.
+        if refuse_inside_runtime().is_err() {
+            let (client, engine) = (self.client.clone(), self.engine.clone());
+            let waiting = std::thread::Builder::new()
+                .name("lockset-settle".to_owned())
+                .spawn(move || settle(&client, &engine));
+            if let Err(err) = waiting {
+                tracing::warn!(%err, "no thread to finish background work on: it is cut off");
+            }
+            return;
+        }
+        settle(&self.client, &self.engine);
     }
+}
+
+/// Waits on `engine` for `client`'s background work to finish, for at most [`SETTLE`]. (The
+/// timer is made inside the runtime, where it must be.)
+fn settle<C>(client: &crate::client::handle::Client<C>, engine: &Engine)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let idle = async { tokio::time::timeout(SETTLE, client.background_idle()).await };
+    let _ = engine.block_on(idle);
 }
 
 impl<C> Clone for Client<C>

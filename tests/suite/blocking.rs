@@ -92,6 +92,27 @@ fn the_last_handle_dropped_still_releases_a_dropped_guard() {
     assert!(!exists(&server, "job"));
 }
 
+/// The same inside an async runtime, where the last handle cannot block to wait: the
+/// release still happens, soon (the blocking guide says dropping there is fine).
+#[test]
+fn the_last_handle_dropped_inside_an_async_runtime_still_releases_a_dropped_guard() {
+    let server = RedisServer::start();
+    let client = Client::connect(&server.url()).unwrap();
+    let guard = client
+        .obtain("job", ms(60_000), &Options::default())
+        .unwrap()
+        .into_guard();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let start = std::time::Instant::now();
+    runtime.block_on(async move {
+        drop(guard);
+        drop(client);
+    });
+    // Dropping did not wait for the release.
+    assert!(start.elapsed() < ms(100), "{:?}", start.elapsed());
+    eventually(ms(2_000), "the guard's release", || !exists(&server, "job"));
+}
+
 #[test]
 fn a_watchdog_keeps_the_lock_alive_while_the_thread_blocks() {
     let server = RedisServer::start();
