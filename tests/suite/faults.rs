@@ -260,3 +260,31 @@ async fn a_refresh_cut_at_its_deadline_is_a_redis_error() {
     // The deadline, the attempt's grace past it, and a loaded machine's slack.
     assert!(took < ms(700), "{took:?}");
 }
+
+/// A server that went away (its port refusing connections) costs each call of a client
+/// made by `Client::connect` a short reconnection attempt, not the connection manager's
+/// first-connection retries (about 9.5 s for every `ttl()` and `release()` before): the
+/// keys expire with their TTL, and the caller hears at once that Redis is gone.
+#[tokio::test]
+async fn calls_against_a_server_gone_end_within_a_second() {
+    let mut server = RedisServer::start();
+    let client = Client::connect(&server.url()).await.unwrap();
+    let lock = client
+        .obtain("job", ms(60_000), &Options::default())
+        .await
+        .unwrap();
+    server.stop();
+    // The first call meets the dead connection; the next ones try to reconnect.
+    let _ = lock.ttl().await;
+    for call in 0..2 {
+        let start = Instant::now();
+        let ttl = lock.ttl().await;
+        assert!(ttl.is_err(), "{ttl:?}");
+        let took = start.elapsed();
+        assert!(took < ms(1_500), "call {call}: ttl() took {took:?}");
+    }
+    let start = Instant::now();
+    assert!(lock.release().await.is_err());
+    let took = start.elapsed();
+    assert!(took < ms(1_500), "release() took {took:?}");
+}

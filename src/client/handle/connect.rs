@@ -92,9 +92,16 @@ impl Client {
     /// out (a server that wants a password none was given lets the connection in, and
     /// refuses the first operation: `NOAUTH`); when a `rediss://` URL gets no TLS handshake in time (a timeout, whose text asks
     /// "is this a TLS port?"). Other failures (a timeout on a plain-text port, a reset, a
-    /// server at its client limit) are tried again by redis-rs's connection manager: 6
-    /// attempts, 9 s or more (16.5 s against a server that accepts and never answers, measured
-    /// 2026-11-29), before [`Error::Redis`]. Tested in `tests/suite/connect.rs`.
+    /// server at its client limit) are tried again 6 times, 100 ms apart and doubling, as
+    /// redis-rs's connection manager would: 9 s or more (16.5 s against a server that
+    /// accepts and never answers, measured 2026-11-29), before [`Error::Redis`]. Tested in
+    /// `tests/suite/connect.rs`.
+    ///
+    /// Once connected, a connection lost is tried again 3 times (100, 200 and 400 ms
+    /// apart) before a request fails, so that a call of a client whose server went away
+    /// fails within about a second instead of waiting out the first connection's retries
+    /// (9.5 s for every `ttl()` and `release()` before; the keys expire with their TTL):
+    /// `faults::calls_against_a_server_gone_end_within_a_second`.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_client(redis_client(url)?, Dial::default()).await
     }
@@ -329,10 +336,9 @@ impl Dial {
         if let Some(timeout) = self.response_timeout {
             config = config.set_response_timeout(Some(timeout));
         }
-        if let Some(retries) = self.retries {
-            config = config.set_number_of_retries(retries);
-        }
-        config
+        // The first connection is tried `retries` times by `reach`, before the manager
+        // exists; the manager's own retries are for connections lost later.
+        config.set_number_of_retries(RECONNECT_RETRIES)
     }
 
     fn plain_config(self) -> redis::AsyncConnectionConfig {
@@ -344,28 +350,53 @@ impl Dial {
     }
 }
 
-/// A connection manager for `client`. redis-rs's manager tries a first connection 6 times
-/// (9 s or more) by default, whatever failed; beside it, one plain attempt (within the
-/// connection timeout, 1 s by default) ends the wait at once when its failure is one no
-/// retry is likely to change (see [`first_failure_is_final`]).
+/// A connection manager for `client`, once its server takes a connection (see [`reach`]).
+/// The manager tries a lost connection again only [`RECONNECT_RETRIES`] times before a
+/// request fails: with redis-rs's default (6 times, 9.5 s), every call of a client whose
+/// server went away waited that long.
 pub(super) async fn manager(
     client: &redis::Client,
     dial: Dial,
 ) -> redis::RedisResult<ConnectionManager> {
-    let final_failure = async {
-        if let Err(err) = client
+    reach(client, dial).await?;
+    ConnectionManager::new_with_config(client.clone(), dial.manager_config()).await
+}
+
+/// How often a connection manager tries a lost connection again before a request fails
+/// (100, 200 and 400 ms apart): a server restarting within about 0.7 s is reconnected
+/// without a failed request, one that went away fails each call within about 1 s when its
+/// port refuses connections (each attempt within the connection timeout otherwise). The
+/// next request tries again.
+const RECONNECT_RETRIES: usize = 3;
+
+/// How often a first connection is tried again by default (redis-rs's manager's default).
+const FIRST_RETRIES: usize = 6;
+
+/// The first pause between two tries of a connection, doubling after each (redis-rs's).
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+
+/// Waits until `client`'s server takes a connection, trying again as `dial` says (by
+/// default [`FIRST_RETRIES`] times, 9 s or more), except after a failure no retry is likely
+/// to change (see [`first_failure_is_final`]), which ends the wait at once.
+async fn reach(client: &redis::Client, dial: Dial) -> redis::RedisResult<()> {
+    use backon::Retryable as _;
+    let attempt = || async {
+        client
             .get_multiplexed_async_connection_with_config(&dial.plain_config())
             .await
-            && let Some(err) = first_failure_is_final(client, err)
-        {
-            return err;
-        }
-        std::future::pending().await
+            .map(drop)
     };
-    tokio::select! {
-        conn = ConnectionManager::new_with_config(client.clone(), dial.manager_config()) => conn,
-        err = final_failure => Err(err),
-    }
+    let backoff = backon::ExponentialBuilder::default()
+        .with_min_delay(FIRST_PAUSE)
+        .with_factor(2.0)
+        .with_max_times(dial.retries.unwrap_or(FIRST_RETRIES))
+        .with_jitter();
+    attempt
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(|err| first_failure_is_final(client, err.clone()).is_none())
+        .await
+        .map_err(|err| first_failure_is_final(client, err.clone()).unwrap_or(err))
 }
 
 /// `conn`, unless its server wants a password none was given: such a server accepts the
