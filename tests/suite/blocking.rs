@@ -26,6 +26,13 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
 }
 
 /// Waits up to `within` for `condition`, checking every 10 ms.
+/// A server of the test's own, and a blocking client connected to it.
+fn connected() -> (RedisServer, Client) {
+    let server = RedisServer::start();
+    let client = Client::connect(&server.url()).unwrap();
+    (server, client)
+}
+
 fn eventually(within: Duration, what: &str, condition: impl Fn() -> bool) {
     let start = Instant::now();
     while !condition() {
@@ -36,8 +43,7 @@ fn eventually(within: Duration, what: &str, condition: impl Fn() -> bool) {
 
 #[test]
 fn a_lock_obtained_refreshed_and_released_from_a_plain_thread() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let options = Options::default().metadata("worker-1");
     let lock = client
         .obtain_multi(["{j}:a", "{j}:b"], ms(10_000), &options)
@@ -62,8 +68,7 @@ fn a_lock_obtained_refreshed_and_released_from_a_plain_thread() {
 
 #[test]
 fn a_dropped_guard_releases_its_lock_from_a_plain_thread() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let guard = client
         .obtain("job", ms(60_000), &Options::default())
         .unwrap()
@@ -80,8 +85,7 @@ fn a_dropped_guard_releases_its_lock_from_a_plain_thread() {
 
 #[test]
 fn the_last_handle_dropped_still_releases_a_dropped_guard() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let guard = client
         .obtain("job", ms(60_000), &Options::default())
         .unwrap()
@@ -96,8 +100,7 @@ fn the_last_handle_dropped_still_releases_a_dropped_guard() {
 /// release still happens, soon (the blocking guide says dropping there is fine).
 #[test]
 fn the_last_handle_dropped_inside_an_async_runtime_still_releases_a_dropped_guard() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let guard = client
         .obtain("job", ms(60_000), &Options::default())
         .unwrap()
@@ -115,8 +118,7 @@ fn the_last_handle_dropped_inside_an_async_runtime_still_releases_a_dropped_guar
 
 #[test]
 fn a_watchdog_keeps_the_lock_alive_while_the_thread_blocks() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let guard = client
         .obtain("long", ms(300), &Options::default())
         .unwrap()
@@ -140,8 +142,7 @@ fn a_watchdog_keeps_the_lock_alive_while_the_thread_blocks() {
 
 #[test]
 fn the_lost_signal_fires_when_the_lock_expires() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let lock = client
         .obtain("brief", ms(200), &Options::default())
         .unwrap();
@@ -155,8 +156,7 @@ fn the_lost_signal_fires_when_the_lock_expires() {
 
 #[test]
 fn with_lock_runs_the_work_under_the_lock_and_releases_it() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let options = Options::default().watchdog_interval(ms(50));
     let seen = client
         .with_lock(["{w}:a", "{w}:b"], ms(300), &options, |lost| {
@@ -181,8 +181,7 @@ fn with_lock_runs_the_work_under_the_lock_and_releases_it() {
 
 #[test]
 fn threads_share_one_client_and_never_hold_one_key_together() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let inside = Arc::new(AtomicU32::new(0));
     let done = Arc::new(AtomicU32::new(0));
     let options = Options::default()
@@ -216,8 +215,7 @@ fn threads_share_one_client_and_never_hold_one_key_together() {
 
 #[test]
 fn modes_work_as_in_the_async_api() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let one = client
         .obtain(("catalog", Mode::Shared), ms(10_000), &Options::default())
         .unwrap();
@@ -271,8 +269,7 @@ fn a_sentinel_client() {
 
 #[test]
 fn calls_from_inside_an_async_runtime_are_refused_not_a_panic() {
-    let server = RedisServer::start();
-    let client = Client::connect(&server.url()).unwrap();
+    let (server, client) = connected();
     let lock = client
         .obtain("job", ms(10_000), &Options::default())
         .unwrap();

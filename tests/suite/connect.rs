@@ -124,18 +124,27 @@ async fn a_quorum_without_a_majority_up_fails_at_once_saying_so() {
     // held, which resets them instead).
     servers[1].stop();
     servers[2].stop();
+    for (way, err) in refused_both_ways(&urls).await {
+        assert!(err.is_unavailable(), "way {way}: {err:?}");
+        assert!(err.to_string().contains("majority"), "way {way}: {err}");
+    }
+}
+
+/// Connecting a quorum of `urls` both ways, each refused at once: the errors, by way.
+async fn refused_both_ways(urls: &[String]) -> Vec<(usize, lockset::Error)> {
+    let mut refused = Vec::new();
     for way in 0..2 {
         let start = Instant::now();
         let err = match way {
-            0 => connect_quorum(&urls).await,
-            _ => configured_quorum(&urls).await,
+            0 => connect_quorum(urls).await,
+            _ => configured_quorum(urls).await,
         }
         .unwrap_err();
         let took = start.elapsed();
         assert!(took < AT_ONCE, "way {way}: {took:?}: {err}");
-        assert!(err.is_unavailable(), "way {way}: {err:?}");
-        assert!(err.to_string().contains("majority"), "way {way}: {err}");
+        refused.push((way, err));
     }
+    refused
 }
 
 /// A master that asks for a password none was given (`NOAUTH`) is a setting to fix, as a
@@ -150,15 +159,7 @@ async fn a_server_wanting_a_password_none_was_given_fails_the_connect() {
         servers[2].port(),
         &["CONFIG", "SET", "requirepass", "secret"],
     );
-    for way in 0..2 {
-        let start = Instant::now();
-        let err = match way {
-            0 => connect_quorum(&urls).await,
-            _ => configured_quorum(&urls).await,
-        }
-        .unwrap_err();
-        let took = start.elapsed();
-        assert!(took < AT_ONCE, "way {way}: {took:?}: {err}");
+    for (way, err) in refused_both_ways(&urls).await {
         assert!(err.to_string().contains("NOAUTH"), "way {way}: {err}");
         assert!(!err.is_unavailable(), "way {way}: {err:?}");
     }
