@@ -142,7 +142,7 @@ fn a_watchdog_keeps_the_lock_alive_while_the_thread_blocks() {
 
 #[test]
 fn the_lost_signal_fires_when_the_lock_expires() {
-    let (server, client) = connected();
+    let (_server, client) = connected();
     let lock = client
         .obtain("brief", ms(200), &Options::default())
         .unwrap();
@@ -181,7 +181,7 @@ fn with_lock_runs_the_work_under_the_lock_and_releases_it() {
 
 #[test]
 fn threads_share_one_client_and_never_hold_one_key_together() {
-    let (server, client) = connected();
+    let (_server, client) = connected();
     let inside = Arc::new(AtomicU32::new(0));
     let done = Arc::new(AtomicU32::new(0));
     let options = Options::default()
