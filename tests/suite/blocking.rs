@@ -215,7 +215,7 @@ fn threads_share_one_client_and_never_hold_one_key_together() {
 
 #[test]
 fn modes_work_as_in_the_async_api() {
-    let (server, client) = connected();
+    let (_server, client) = connected();
     let one = client
         .obtain(("catalog", Mode::Shared), ms(10_000), &Options::default())
         .unwrap();
