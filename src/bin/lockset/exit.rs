@@ -155,11 +155,14 @@ fn refuses_acl(err: &Error) -> bool {
     }
 }
 
-/// Whether the server does not know the scripting commands (renamed away, say).
+/// Whether the server does not know the scripting commands (renamed away, say). Redis 7
+/// quotes the command's name with `'`, Redis 6.2 with a backquote.
 fn refuses_scripts(err: &RedisError) -> bool {
     err.detail().is_some_and(|detail| {
         let detail = detail.to_ascii_lowercase();
-        detail.starts_with("unknown command 'eval")
+        ["unknown command 'eval", "unknown command `eval"]
+            .iter()
+            .any(|start| detail.starts_with(start))
     })
 }
 
@@ -252,6 +255,35 @@ mod tests {
     use std::os::unix::process::ExitStatusExt as _;
 
     use super::*;
+
+    /// Scripts renamed away, as Redis 7 and Redis 6.2 word it: 77, lasting.
+    #[test]
+    fn scripts_renamed_away_are_77_on_every_version() {
+        for words in [
+            "unknown command 'EVAL', with args beginning with: '-- Reads'",
+            "unknown command `EVALSHA`, with args beginning with: `abc`, ",
+        ] {
+            let line = format!("-ERR {words}\r\n");
+            let Ok(Err(err)) =
+                redis::parse_redis_value(line.as_bytes()).map(redis::Value::extract_error)
+            else {
+                panic!("not a server error");
+            };
+            assert!(refuses_scripts(&err), "{words}");
+            let failure = redis_failure("cannot read the keys from Redis", &err);
+            assert!(
+                matches!(
+                    failure,
+                    Failure::Exit {
+                        code: NOPERM,
+                        lasting: true,
+                        ..
+                    }
+                ),
+                "{words}"
+            );
+        }
+    }
 
     #[test]
     fn signals_add_128() {
