@@ -233,6 +233,14 @@ impl Key {
             .count()
     }
 
+    /// How many servers did not answer the read.
+    pub(crate) fn unanswered(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|node| matches!(node, Node::Unreachable(_)))
+            .count()
+    }
+
     /// How many servers hold the key for the lock the keys were read for.
     pub(crate) fn ours_on(&self) -> usize {
         self.nodes
@@ -353,11 +361,13 @@ pub(crate) struct Loss {
 
 impl Loss {
     /// The first of `keys` that the lock they were read for does not hold on a majority of
-    /// the servers; `None` when it holds them all.
+    /// the servers, as far as they answered: a server that did not answer (slow, paused,
+    /// far) may still hold it, so only the answers that it does not can prove a loss. `None`
+    /// when it holds them all, or may.
     pub(crate) fn find(keys: &[Key]) -> Option<Self> {
-        let key = keys
-            .iter()
-            .find(|key| key.ours_on() < QuorumConfig::majority(key.nodes.len()))?;
+        let key = keys.iter().find(|key| {
+            key.ours_on() + key.unanswered() < QuorumConfig::majority(key.nodes.len())
+        })?;
         Some(Self {
             others: key.others(),
             kept: key.ours_on(),
@@ -385,10 +395,12 @@ impl Loss {
     }
 }
 
-/// How long one master of several may take to answer a read: a paused or unreachable one
-/// is then described as not answering, and the others still tell who holds the keys. (One
-/// server has redis-rs's own response timeout: it alone can describe them.)
-const READ_LIMIT: Duration = Duration::from_millis(500);
+/// How long one master of several may take to answer a read, connecting included (the
+/// read connections connect when first used): a paused or unreachable one is then described
+/// as not answering, and the others still tell who holds the keys. A master that did not
+/// answer proves no loss (see [`Loss::find`]). (One server has redis-rs's own timeouts: it
+/// alone can describe them.)
+const READ_LIMIT: Duration = Duration::from_secs(1);
 
 /// Reads every key of `keys` on every connection of `nodes`, all of them at once; the holds
 /// of `token`'s lock are marked as ours. Fails only when no server answered.
@@ -617,6 +629,12 @@ mod tests {
         assert_eq!(loss.describe(), r#""k" is held by "web-1:42" (5.0s left)"#);
         let majority = key(vec![held(true, 3), held(true, 3), Node::Free]);
         assert!(Loss::find(&[majority]).is_none());
+        // Masters that did not answer (slow, paused, far) may hold it: no proven loss.
+        let unanswered = || Node::Unreachable("no answer within 1s".to_owned());
+        let unknown = key(vec![held(true, 3), unanswered(), unanswered()]);
+        assert!(Loss::find(&[unknown]).is_none());
+        let lost = key(vec![Node::Free, Node::Free, unanswered()]);
+        assert!(Loss::find(&[lost]).is_some());
     }
 
     #[test]
