@@ -155,9 +155,15 @@ where
         // block, a thread of its own waits, and lets the runtime go after.
         if refuse_inside_runtime().is_err() {
             let (client, engine) = (self.client.clone(), self.engine.clone());
+            // A quorum's masters too: their runtimes drive the connections its background
+            // work (a dropped guard's release) goes over.
+            let masters = std::mem::take(&mut self._masters);
             let waiting = std::thread::Builder::new()
                 .name("lockset-settle".to_owned())
-                .spawn(move || settle(&client, &engine));
+                .spawn(move || {
+                    settle(&client, &engine);
+                    drop(masters);
+                });
             if let Err(err) = waiting {
                 tracing::warn!(%err, "no thread to finish background work on: it is cut off");
             }

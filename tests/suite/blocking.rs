@@ -254,6 +254,33 @@ fn a_redlock_quorum_of_blocking_clients() {
     assert!(servers.iter().all(|server| !exists(server, "report")));
 }
 
+/// A quorum's last handle dropped inside an async runtime with a dropped guard: its release
+/// goes over the masters' connections, which stay up until it is done.
+#[test]
+fn a_quorums_last_handle_dropped_inside_an_async_runtime_still_releases_a_dropped_guard() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let masters: Vec<Client> = servers
+        .iter()
+        .map(|server| Client::connect(&server.url()).unwrap())
+        .collect();
+    let redlock = Client::quorum(masters, QuorumConfig::default()).unwrap();
+    let guard = redlock
+        .obtain("report", ms(60_000), &Options::default())
+        .unwrap()
+        .into_guard();
+    eventually(ms(5_000), "the lock on every master", || {
+        servers.iter().all(|server| exists(server, "report"))
+    });
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async move {
+        drop(guard);
+        drop(redlock);
+    });
+    eventually(ms(3_000), "the guard's release on every master", || {
+        servers.iter().all(|server| !exists(server, "report"))
+    });
+}
+
 #[test]
 fn a_sentinel_client() {
     let failover = tokio::runtime::Runtime::new()
