@@ -164,3 +164,26 @@ async fn a_server_wanting_a_password_none_was_given_fails_the_connect() {
         assert!(!err.is_unavailable(), "way {way}: {err:?}");
     }
 }
+
+/// A `rediss://` master that gives no TLS handshake in time (a host powered off, or cut
+/// off) is down, as one refusing connections is: not a setting to fix. With no majority
+/// left, the connect is unavailable (worth retrying), not refused for good.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn a_tls_master_that_never_answers_is_down_not_misconfigured() {
+    let server = RedisServer::start();
+    let silent: Vec<std::net::TcpListener> = (0..2)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let mut urls = vec![server.url()];
+    for listener in &silent {
+        urls.push(format!("rediss://{}/", listener.local_addr().unwrap()));
+    }
+    let start = Instant::now();
+    let err = connect_quorum(&urls).await.unwrap_err();
+    let took = start.elapsed();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(err.to_string().contains("majority"), "{err}");
+    // The connection timeout (1 s), and a loaded machine's slack.
+    assert!(took < Duration::from_millis(2_500), "{took:?}");
+}

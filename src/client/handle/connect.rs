@@ -98,7 +98,7 @@ impl Client {
     /// `tests/suite/connect.rs`.
     ///
     /// Once connected, a connection lost is tried again 3 times (100, 200 and 400 ms
-    /// apart) before a request fails, so that a call of a client whose server went away
+    /// apart, up to twice that with jitter) before a request fails, so that a call of a client whose server went away
     /// fails within about a second instead of waiting out the first connection's retries
     /// (9.5 s for every `ttl()` and `release()` before; the keys expire with their TTL):
     /// `faults::calls_against_a_server_gone_end_within_a_second`.
@@ -162,14 +162,14 @@ impl Client {
     ///
     /// Before anything is sent, the errors of [`Client::quorum`] for `config`, and
     /// [`Error::Redis`] for a URL that does not parse. Then [`Error::Redis`]: when a master
-    /// refuses the login (`NOAUTH` too: it would fail its part of every operation) or the
-    /// database the URL selects, or a `rediss://` URL gets no TLS
-    /// handshake (settings to fix, as for [`Client::connect`]; logged with the master's
-    /// address), as far as it says so before a majority connected and the grace passed;
-    /// when so many masters are down that no majority can connect
-    /// ([`Error::is_unavailable`], naming them: at once when they refuse connections, after
-    /// the connection manager's retries when they do not answer). Tested in
-    /// `tests/suite/connect.rs`.
+    /// refuses the login (`NOAUTH` too: it would fail its part of every operation), the
+    /// database the URL selects or the certificate (settings to fix, as for
+    /// [`Client::connect`]; logged with the master's address), as far as it says so before a
+    /// majority connected and the grace passed; when so many masters are down that no
+    /// majority can connect ([`Error::is_unavailable`], naming them: at once when they
+    /// refuse connections or time out, a `rediss://` master that gives no TLS handshake
+    /// in time counted as down, after the first connection's retries when they reset it).
+    /// Tested in `tests/suite/connect.rs`.
     pub async fn connect_quorum<U: AsRef<str>>(
         urls: impl IntoIterator<Item = U>,
         config: QuorumConfig,
@@ -299,9 +299,13 @@ async fn connect_majority(
 }
 
 /// Whether a master's failure to connect is its being down (refusing connections, not
-/// answering, cut off), rather than a setting to fix (see [`first_failure_is_final`]).
+/// answering, cut off), rather than a setting to fix (see [`first_failure_is_final`]). A
+/// timeout is down: a host powered off or cut off answers nothing, also on a `rediss://`
+/// port (where one server alone is asked whether it is a TLS port).
 fn is_down(client: &redis::Client, err: &redis::RedisError) -> bool {
-    err.is_connection_refusal() || first_failure_is_final(client, err.clone()).is_none()
+    err.is_connection_refusal()
+        || err.is_timeout()
+        || first_failure_is_final(client, err.clone()).is_none()
 }
 
 /// The error of a quorum that cannot connect to a majority of its masters.
@@ -363,10 +367,10 @@ pub(super) async fn manager(
 }
 
 /// How often a connection manager tries a lost connection again before a request fails
-/// (100, 200 and 400 ms apart): a server restarting within about 0.7 s is reconnected
-/// without a failed request, one that went away fails each call within about 1 s when its
-/// port refuses connections (each attempt within the connection timeout otherwise). The
-/// next request tries again.
+/// (100, 200 and 400 ms apart, each up to twice that with redis-rs's jitter): a server
+/// restarting within about 0.7 s is reconnected without a failed request, one that went
+/// away fails each call within 0.7–1.4 s when its port refuses connections (each attempt
+/// within the connection timeout otherwise). The next request tries again.
 const RECONNECT_RETRIES: usize = 3;
 
 /// How often a first connection is tried again by default (redis-rs's manager's default).
