@@ -957,8 +957,8 @@ fn a_redlock_master_refusing_the_login_is_named_and_locks_nothing() {
     }
 }
 
-/// `status`, `refresh` and `release` read every key on every master: a paused one costs
-/// them its read limit once, not a connection attempt per key.
+/// `status`, `refresh` and `release` read every key on every master at once: a paused one
+/// costs them its read limit once, not a connection attempt per key.
 #[test]
 fn reading_keys_past_a_paused_redlock_master_costs_one_limit() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
@@ -977,9 +977,9 @@ fn reading_keys_past_a_paused_redlock_master_costs_one_limit() {
         }
         let out = finish(command.args(keys));
         assert_eq!(out.code, Some(0), "{op}: {out:?}");
-        // The read limit (500 ms), the library's per-master limit for the refresh or the
+        // The read limit (1 s), the library's per-master limit for the refresh or the
         // release (5% of 10 s), and a loaded machine's slack.
-        assert!(out.took < Duration::from_millis(2_000), "{op}: {out:?}");
+        assert!(out.took < Duration::from_millis(2_500), "{op}: {out:?}");
     }
     servers[2].resume();
 }
