@@ -90,18 +90,18 @@ impl Client {
     /// when the server refuses the login or the database the URL selects, or the TLS
     /// handshake fails (an untrusted certificate): settings to fix, not failures to wait
     /// out (a server that wants a password none was given lets the connection in, and
-    /// refuses the first operation: `NOAUTH`); when a `rediss://` URL gets no TLS handshake in time (a timeout, whose text asks
-    /// "is this a TLS port?"). Other failures (a timeout on a plain-text port, a reset, a
-    /// server at its client limit) are tried again 6 times, 100 ms apart and doubling, as
-    /// redis-rs's connection manager would: 9 s or more (16.5 s against a server that
-    /// accepts and never answers, measured 2026-11-29), before [`Error::Redis`]. Tested in
-    /// `tests/suite/connect.rs`.
+    /// refuses the first operation: `NOAUTH`); when a `rediss://` URL gets no TLS handshake
+    /// in time (a timeout, whose text asks "is this a TLS port?"). Other failures (a
+    /// timeout on a plain-text port, a reset, a server at its client limit) are tried again
+    /// 6 times, 100 ms apart and doubling, as redis-rs's connection manager would: 9 s or
+    /// more (16.5 s against a server that accepts and never answers, measured 2026-11-29),
+    /// before [`Error::Redis`]. Tested in `tests/suite/connect.rs`.
     ///
     /// Once connected, a connection lost is tried again 3 times (100, 200 and 400 ms
-    /// apart, up to twice that with jitter) before a request fails, so that a call of a client whose server went away
-    /// fails within about a second instead of waiting out the first connection's retries
-    /// (9.5 s for every `ttl()` and `release()` before; the keys expire with their TTL):
-    /// `faults::calls_against_a_server_gone_end_within_a_second`.
+    /// apart, up to twice that with jitter) before a request fails, so that a call of a
+    /// client whose server went away fails within about a second instead of waiting out the
+    /// first connection's retries (9.5 s for every `ttl()` and `release()` before; the keys
+    /// expire with their TTL): `faults::calls_against_a_server_gone_end_within_a_second`.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_client(redis_client(url)?, Dial::default()).await
     }
