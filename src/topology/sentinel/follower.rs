@@ -158,6 +158,9 @@ impl Follower {
                 .get_multiplexed_async_connection_with_config(&config.connection_config())
                 .await?;
             let replies: Vec<Value> = primary::ask().query_async(&mut conn).await?;
+            if let Some(err) = primary::refusal(&replies) {
+                return Err(err);
+            }
             RedisResult::Ok((conn, Facts::parse(&replies, witness)))
         };
         let limit = config.connection_timeout + config.response_timeout;

@@ -112,6 +112,18 @@ fn latest_start(uptime: u64) -> Instant {
     now.checked_sub(Duration::from_secs(uptime)).unwrap_or(now)
 }
 
+/// The server's refusal of who we are or of what we may run, when it answered `ROLE` (the
+/// first of [`ask`]'s replies) with one: a login missing or wrong (`NOAUTH`, `WRONGPASS`),
+/// or an ACL without `ROLE` (`NOPERM`). A setting to fix, not a primary that is not one
+/// (which a failover under way would explain, and time would mend).
+pub(crate) fn refusal(replies: &[Value]) -> Option<redis::RedisError> {
+    let Some(Value::ServerError(err)) = replies.first() else {
+        return None;
+    };
+    let err: redis::RedisError = err.clone().into();
+    matches!(err.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM")).then_some(err)
+}
+
 /// Whether a `CONFIG GET appendfsync` reply says `always`.
 fn fsync_always(reply: Option<&Value>) -> bool {
     let Some(reply) = reply else {
