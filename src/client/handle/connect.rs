@@ -97,11 +97,13 @@ impl Client {
     /// more (16.5 s against a server that accepts and never answers, measured 2026-11-29),
     /// before [`Error::Redis`]. Tested in `tests/suite/connect.rs`.
     ///
-    /// Once connected, a connection lost is tried again 3 times (100, 200 and 400 ms
-    /// apart, up to twice that with jitter) before a request fails, so that a call of a
-    /// client whose server went away fails within about a second instead of waiting out the
-    /// first connection's retries (9.5 s for every `ttl()` and `release()` before; the keys
-    /// expire with their TTL): `faults::calls_against_a_server_gone_end_within_a_second`.
+    /// Once connected, the request that finds the connection broken fails (as with any
+    /// connection manager), and the next ones wait while it is tried again 3 times (100, 200
+    /// and 400 ms apart, up to twice that with jitter): a server back within that serves
+    /// them; a call of a client whose server went away fails within about a second instead
+    /// of waiting out the first connection's retries (9.5 s for every `ttl()` and
+    /// `release()` before; the keys expire with their TTL):
+    /// `faults::calls_against_a_server_gone_end_within_a_second`.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_client(redis_client(url)?, Dial::default()).await
     }
@@ -341,8 +343,10 @@ impl Dial {
             config = config.set_response_timeout(Some(timeout));
         }
         // The first connection is tried `retries` times by `reach`, before the manager
-        // exists; the manager's own retries are for connections lost later.
-        config.set_number_of_retries(RECONNECT_RETRIES)
+        // exists; the manager's own retries are for connections lost later (and for a
+        // Redlock master not connected yet), never more than the first one's.
+        let retries = self.retries.unwrap_or(RECONNECT_RETRIES);
+        config.set_number_of_retries(retries.min(RECONNECT_RETRIES))
     }
 
     fn plain_config(self) -> redis::AsyncConnectionConfig {
@@ -367,10 +371,12 @@ pub(super) async fn manager(
 }
 
 /// How often a connection manager tries a lost connection again before a request fails
-/// (100, 200 and 400 ms apart, each up to twice that with redis-rs's jitter): a server
-/// restarting within about 0.7 s is reconnected without a failed request, one that went
-/// away fails each call within 0.7–1.4 s when its port refuses connections (each attempt
-/// within the connection timeout otherwise). The next request tries again.
+/// (100, 200 and 400 ms apart, each up to twice that with redis-rs's jitter), unless the
+/// first connection's retries are set lower (a command line's one: then as often as
+/// that). The request that finds the connection broken fails, as with any connection
+/// manager; the next ones wait for the reconnection: a server restarting within about
+/// 0.7 s serves them, one that went away fails each within 0.7–1.4 s when its port
+/// refuses connections (each attempt within the connection timeout otherwise).
 const RECONNECT_RETRIES: usize = 3;
 
 /// How often a first connection is tried again by default (redis-rs's manager's default).
