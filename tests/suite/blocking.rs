@@ -33,6 +33,17 @@ fn connected() -> (RedisServer, Client) {
     (server, client)
 }
 
+/// Three servers of the test's own, and a blocking Redlock client of them.
+fn quorum_of_three() -> (Vec<RedisServer>, Client) {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let masters: Vec<Client> = servers
+        .iter()
+        .map(|server| Client::connect(&server.url()).unwrap())
+        .collect();
+    let redlock = Client::quorum(masters, QuorumConfig::default()).unwrap();
+    (servers, redlock)
+}
+
 fn eventually(within: Duration, what: &str, condition: impl Fn() -> bool) {
     let start = Instant::now();
     while !condition() {
@@ -237,12 +248,7 @@ fn modes_work_as_in_the_async_api() {
 
 #[test]
 fn a_redlock_quorum_of_blocking_clients() {
-    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let masters: Vec<Client> = servers
-        .iter()
-        .map(|server| Client::connect(&server.url()).unwrap())
-        .collect();
-    let redlock = Client::quorum(masters, QuorumConfig::default()).unwrap();
+    let (servers, redlock) = quorum_of_three();
     let lock = redlock
         .obtain("report", ms(10_000), &Options::default())
         .unwrap();
@@ -258,12 +264,7 @@ fn a_redlock_quorum_of_blocking_clients() {
 /// goes over the masters' connections, which stay up until it is done.
 #[test]
 fn a_quorums_last_handle_dropped_inside_an_async_runtime_still_releases_a_dropped_guard() {
-    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let masters: Vec<Client> = servers
-        .iter()
-        .map(|server| Client::connect(&server.url()).unwrap())
-        .collect();
-    let redlock = Client::quorum(masters, QuorumConfig::default()).unwrap();
+    let (servers, redlock) = quorum_of_three();
     let guard = redlock
         .obtain("report", ms(60_000), &Options::default())
         .unwrap()
