@@ -336,9 +336,6 @@ fn quorum_failure(err: &lockset::Error) -> Failure {
         lockset::Error::Redis(redis) if is_no_such_database(redis) => Failure::Usage(format!(
             "invalid --redis URL: a Redis master has no such database ({redis})"
         )),
-        lockset::Error::Redis(redis) if redis.to_string().contains("is this a TLS port?") => {
-            Failure::lasting(UNAVAILABLE, format!("cannot reach a Redis master: {redis}"))
-        }
         lockset::Error::Redis(redis) => {
             exit::redis_failure("cannot reach the Redis masters", redis)
         }

@@ -104,15 +104,7 @@ where
             }
             // A quorum's TTL within its drift allowance: no attempt could ever be valid
             // (nothing was sent), so none is retried.
-            Err(
-                err @ Error::Quorum {
-                    expired: true,
-                    succeeded: 0,
-                    ..
-                },
-            ) if matches!(&err, Error::Quorum { failures, .. } if failures.is_empty()) => {
-                Step::Stop(err)
-            }
+            Err(err) if is_never_valid(&err) => Step::Stop(err),
             Err(err) => Step::from_error(err),
         }
     }
@@ -151,4 +143,13 @@ where
             stragglers: None,
         })
     }
+}
+
+/// Whether `err` is a quorum's refusal of a TTL within its drift allowance: nothing sent,
+/// no master asked (see `Quorum::obtain`).
+fn is_never_valid(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Quorum { expired: true, succeeded: 0, failures, .. } if failures.is_empty()
+    )
 }
