@@ -517,9 +517,12 @@ async fn lockset_client(client: &redis::Client, replicas: Option<u32>) -> Client
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
+    // The connection's response timeout is redis-rs's default (500 ms), as the raw baseline's
+    // is: lockset is told it, as `Client::connect` tells itself its own.
     let lockset = Client::new(Counted(conn))
         .with_release_events(client.clone())
-        .expect("release events");
+        .and_then(|lockset| lockset.connection_answers_within(Duration::from_millis(500)))
+        .expect("release events and the answer bound");
     match replicas {
         Some(replicas) => {
             let replication =

@@ -346,7 +346,11 @@ where
         let deadline = options.deadline_from(start, ttl.duration);
         let span = op_span!("lockset.refresh", &self.keys);
         let mut watch = Watch::new(&self.keys, options.on_retry.as_ref());
-        let limit = policy::Limit { start, deadline };
+        let limit = policy::Limit {
+            start,
+            deadline,
+            gap: self.shared.answer_gap(),
+        };
         let refreshed = in_span!(
             &span,
             self.refresh_retrying(ttl, options, limit, &mut watch)

@@ -2,7 +2,8 @@
 //! tasks, and the release events.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::client::link::Link;
 use crate::observe::meter::Meter;
@@ -27,6 +28,9 @@ pub(crate) struct ClientState<C> {
     pub(crate) address: OnceLock<String>,
     /// Where the metrics of locks without a family of their own go.
     pub(crate) meter: Meter,
+    /// The longest one request on the connection takes, answered or failed, in
+    /// nanoseconds; 0 when unknown (see `Client::connection_answers_within`).
+    pub(crate) answer_bound: AtomicU64,
 }
 
 impl<C> ClientState<C> {
@@ -40,6 +44,16 @@ impl<C> ClientState<C> {
             announce: AtomicBool::new(true),
             address: OnceLock::new(),
             meter: Meter::default(),
+            answer_bound: AtomicU64::new(0),
+        }
+    }
+
+    /// The longest an attempt goes without being woken by its connection, when known (see
+    /// `rt/deadline.rs`).
+    pub(crate) fn answer_gap(&self) -> Option<Duration> {
+        match self.answer_bound.load(Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(Duration::from_nanos(nanos)),
         }
     }
 

@@ -177,6 +177,15 @@ pub enum InvalidInput {
     /// `WAIT` would block for ever.
     #[error("invalid input: replicated writes need a timeout above zero")]
     ZeroReplicationTimeout,
+    /// [`Client::connection_answers_within`](crate::Client::connection_answers_within) with
+    /// a zero bound: no request could ever be answered.
+    #[error("invalid input: a connection's bound on one request must be above zero")]
+    ZeroAnswerBound,
+    /// [`Client::connection_answers_within`](crate::Client::connection_answers_within) on a
+    /// client whose requests do not go straight to one connection (a Redlock quorum, a
+    /// cluster, a Sentinel deployment): their time is not the connection's alone.
+    #[error("invalid input: an answer bound applies to a client of one server's own connection")]
+    AnswerBoundNeedsOneConnection,
     /// More replicas asked for than the primary has connected. No longer returned: a
     /// replica shortfall passes (a replica restarting, a failover), so it is reported as
     /// [`Error::NotReplicated`](crate::Error::NotReplicated), which is worth retrying. Kept

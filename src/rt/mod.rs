@@ -1,8 +1,10 @@
 //! Small runtime helpers every layer may use: the background tasks a client spawns, the
-//! lost-lock signal, and a mutex lock that survives a poisoned mutex.
+//! lost-lock signal, running a future until a deadline, and a mutex lock that survives a
+//! poisoned mutex.
 //!
 //! May import nothing of this crate outside `rt` (`tests/layers.rs` checks).
 
+pub(crate) mod deadline;
 pub(crate) mod signal;
 pub(crate) mod tasks;
 

@@ -146,4 +146,10 @@ where
     pub(crate) fn is_quorum(&self) -> bool {
         matches!(self, Self::Quorum(_))
     }
+
+    /// Whether every request goes straight to one server's connection (see
+    /// [`Store::is_direct`]).
+    pub(crate) fn is_direct(&self) -> bool {
+        matches!(self, Self::Single(store) if store.is_direct())
+    }
 }

@@ -14,6 +14,7 @@ use crate::error::{Error, NodeFailure, QuorumOp, Result};
 use crate::model::request::{Held, IfHeld};
 use crate::model::retry::{Retry, RetryStrategy as _};
 use crate::observe::{Blocked, OnRetry, Progress, RetryEvent, retrying};
+use crate::rt::deadline;
 pub(crate) use crate::waiting::waiter::Waiter;
 
 /// What one attempt concluded.
@@ -104,7 +105,11 @@ where
     F: FnMut(IfHeld, Instant) -> Fut,
     Fut: Future<Output = Step<T>>,
 {
-    let Limit { start, deadline } = limit;
+    let Limit {
+        start,
+        deadline,
+        gap,
+    } = limit;
     // The first attempt goes out right after the start, which serves as its send time
     // (earlier than the send: its validity counts short, never long).
     let mut first = Some(start);
@@ -141,7 +146,7 @@ where
         let step = {
             let attempt = pin!(attempt(how, sending));
             match attempt_limit(deadline, sending) {
-                Some(limit) => tokio::time::timeout_at(limit, attempt).await.ok(),
+                Some(limit) => deadline::until(attempt, limit, gap).await,
                 None => Some(attempt.await),
             }
         };
@@ -331,10 +336,13 @@ fn attempt_limit(deadline: Option<Instant>, sending: Instant) -> Option<Instant>
     deadline.map(|deadline| deadline.max(sending + ATTEMPT_GRACE))
 }
 
-/// When an operation started, and until when its attempts may run.
+/// When an operation started, until when its attempts may run, and the longest its
+/// connection leaves an attempt without waking it (its bound on one request, when known: see
+/// [`deadline::until`]).
 pub(crate) struct Limit {
     pub(crate) start: Instant,
     pub(crate) deadline: Option<Instant>,
+    pub(crate) gap: Option<Duration>,
 }
 
 /// The error of an attempt still waiting for Redis when the deadline passed: its outcome is

@@ -544,6 +544,34 @@ async fn quorums_refuse_the_same_server_twice_and_a_zero_node_timeout() {
         ),
         "{err:?}"
     );
+    // Nor a bound on one connection's requests: its attempts wait for every master.
+    let err = m
+        .redlock
+        .clone()
+        .connection_answers_within(ms(500))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(InvalidInput::AnswerBoundNeedsOneConnection)
+        ),
+        "{err:?}"
+    );
+    // A master's own client takes one, but not a zero one.
+    let err = m.nodes[0]
+        .clone()
+        .connection_answers_within(Duration::ZERO)
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::ZeroAnswerBound)),
+        "{err:?}"
+    );
+    assert!(
+        m.nodes[0]
+            .clone()
+            .connection_answers_within(ms(500))
+            .is_ok()
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -323,3 +323,41 @@ async fn a_timed_out_obtain_is_retried_and_then_succeeds() {
     lock.release().await.unwrap();
     assert!(!env.exists("job").await);
 }
+
+/// A client told its connection's bound on one request arms no timer while its deadline is
+/// further away than that, and still ends every obtain at its deadline: one further away
+/// than the bound (the connection wakes it until the deadline is near), and one nearer
+/// (the timer is armed at once, before the connection's own timeout).
+#[tokio::test]
+async fn an_answer_bound_keeps_every_deadline_against_a_paused_server() {
+    let env = Env::start().await;
+    let bound = ms(200);
+    let client = Client::new(connect_with_timeout(&env.server, bound).await)
+        .connection_answers_within(bound)
+        .unwrap();
+    env.server.pause();
+    // Each bound: at least the deadline less one retry delay (a retry that would come after
+    // the deadline is not waited for), at most the deadline and a little more.
+    for (timeout, at_least, at_most) in
+        [(ms(1_000), ms(900), ms(1_150)), (ms(120), ms(120), ms(190))]
+    {
+        let options = Options::default()
+            .retry(Retry::linear(ms(50)))
+            .timeout(timeout);
+        let start = Instant::now();
+        let err = client
+            .obtain("job", ms(60_000), &options)
+            .await
+            .unwrap_err();
+        let took = start.elapsed();
+        assert!(
+            err.is_unavailable() || matches!(err, Error::UnknownOutcome(_)),
+            "{err:?}"
+        );
+        assert!(
+            took >= at_least && took < at_most,
+            "a deadline of {timeout:?} ended after {took:?}"
+        );
+    }
+    env.server.resume();
+}

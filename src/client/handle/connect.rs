@@ -131,7 +131,9 @@ impl Client {
 
     pub(crate) async fn connect_client(client: redis::Client, dial: Dial) -> Result<Self> {
         let conn = manager(&client, dial).await?;
-        let connected = Self::new(conn).with_release_events(client)?;
+        let connected = Self::new(conn)
+            .with_release_events(client)?
+            .connection_answers_within(dial.answer_bound())?;
         connected.ask_scripts().await;
         Ok(connected)
     }
@@ -349,6 +351,22 @@ impl Dial {
         config.set_number_of_retries(retries.min(RECONNECT_RETRIES))
     }
 
+    /// The longest one request of a manager made by [`Dial::manager_config`] takes,
+    /// answered or failed: its response timeout, after a wait for the reconnection (each
+    /// of its tries within the connection and response timeouts, the pauses between them
+    /// at most 200, 400 and 800 ms with redis-rs's jitter).
+    pub(crate) fn answer_bound(self) -> Duration {
+        let response = self.response_timeout.unwrap_or(DEFAULT_RESPONSE_TIMEOUT);
+        let connect = self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let retries = self
+            .retries
+            .unwrap_or(RECONNECT_RETRIES)
+            .min(RECONNECT_RETRIES);
+        let tries = u32::try_from(retries + 1).unwrap_or(u32::MAX);
+        let pauses = RECONNECT_PAUSES.iter().take(retries).sum::<Duration>();
+        response + (connect + response) * tries + pauses
+    }
+
     fn plain_config(self) -> redis::AsyncConnectionConfig {
         let config = redis::AsyncConnectionConfig::new();
         match self.connect_timeout {
@@ -378,6 +396,20 @@ pub(super) async fn manager(
 /// 0.7 s serves them, one that went away fails each within 0.7–1.4 s when its port
 /// refuses connections (each attempt within the connection timeout otherwise).
 const RECONNECT_RETRIES: usize = 3;
+
+/// The longest pauses between a manager's reconnection tries: redis-rs's backoff (100,
+/// 200, 400 ms) doubled by its jitter.
+const RECONNECT_PAUSES: [Duration; RECONNECT_RETRIES] = [
+    Duration::from_millis(200),
+    Duration::from_millis(400),
+    Duration::from_millis(800),
+];
+
+/// redis-rs's response timeout, unless a [`Config`](crate::Config) sets one.
+const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// redis-rs's connection timeout, unless a [`Config`](crate::Config) sets one.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How often a first connection is tried again by default (redis-rs's manager's default).
 const FIRST_RETRIES: usize = 6;
@@ -510,5 +542,27 @@ impl Client {
         let _ = client.inner.events.set(Box::new([Events::sentinel(conn)]));
         client.ask_scripts().await;
         client.replicated(replication).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_managers_answer_bound_covers_its_reconnection_and_its_reply() {
+        // redis-rs's timeouts: the reply (0.5 s) after four tries (1 s + 0.5 s each) and the
+        // three pauses between them (0.2 + 0.4 + 0.8 s).
+        assert_eq!(Dial::default().answer_bound(), Duration::from_millis(7_900));
+        // A command line's one retry: two tries and one pause.
+        let dial = Dial {
+            connect_timeout: Some(Duration::from_millis(200)),
+            response_timeout: Some(Duration::from_millis(100)),
+            retries: Some(1),
+        };
+        assert_eq!(
+            dial.answer_bound(),
+            Duration::from_millis(100 + 2 * 300 + 200)
+        );
     }
 }

@@ -157,6 +157,51 @@ where
         Ok(self)
     }
 
+    /// Tells the client that every request on its connection ends, answered or failed,
+    /// within `bound`, a wait for a reconnection included: for a redis-rs
+    /// `MultiplexedConnection`, its response timeout (500 ms unless set otherwise). For this
+    /// client and all its clones.
+    ///
+    /// An attempt then arms no timer of its own while its deadline is further away than
+    /// `bound`: the connection wakes it first. That saves every obtain and refresh a timer's
+    /// registration and removal (about a third of lockset's own work per uncontended cycle
+    /// under 64 tasks; see the guide: [performance](crate::guide::performance)).
+    /// [`Client::connect`] and [`Config`](crate::Config) set it from their own timeouts.
+    ///
+    /// A bound that is too short costs nothing but the promise of the deadline: an
+    /// operation may then end as late as its connection lets it, past its deadline. A
+    /// lock's validity never depends on it (it counts from when the attempt was sent).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use lockset::Client;
+    ///
+    /// let redis = lockset::redis::Client::open("redis://127.0.0.1/")?;
+    /// let conn = redis.get_multiplexed_async_connection().await?;
+    /// // redis-rs's default response timeout for this connection.
+    /// let client = Client::new(conn).connection_answers_within(Duration::from_millis(500))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidInput::ZeroAnswerBound`] for a zero bound;
+    /// [`InvalidInput::AnswerBoundNeedsOneConnection`] on a Redlock quorum, a cluster or a
+    /// Sentinel client (their requests wait for more than one connection).
+    pub fn connection_answers_within(self, bound: Duration) -> Result<Self> {
+        if bound.is_zero() {
+            return Err(InvalidInput::ZeroAnswerBound.into());
+        }
+        if !self.backend().is_direct() {
+            return Err(InvalidInput::AnswerBoundNeedsOneConnection.into());
+        }
+        let nanos = u64::try_from(bound.as_nanos()).unwrap_or(u64::MAX);
+        self.inner.answer_bound.store(nanos, Ordering::Relaxed);
+        Ok(self)
+    }
+
     /// Turns release events off for this client and all its clones: its releases announce
     /// nothing, and its waiters only poll per their retry strategy.
     ///

@@ -292,7 +292,11 @@ where
             client: self,
             fair: fair.as_ref(),
         };
-        let limit = Limit { start, deadline };
+        let limit = Limit {
+            start,
+            deadline,
+            gap: self.inner.answer_gap(),
+        };
         let won = policy::run(&options.retry, limit, &mut waiter, watch, |how, sent| {
             attempt.run(how, sent)
         })

@@ -351,6 +351,12 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Store<C> {
         }
     }
 
+    /// Whether this is one server's connection as it is: no cluster, no deployment that
+    /// finds the primary behind it (only then is every request's time its connection's).
+    pub(crate) fn is_direct(&self) -> bool {
+        !self.is_cluster() && self.deployment.is_none()
+    }
+
     /// Whether this is a Redis Cluster connection.
     fn is_cluster(&self) -> bool {
         self.flavor == Flavor::Cluster
