@@ -15,13 +15,17 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-/// Runs `future` until `limit`: its output, or `None` when `limit` came first.
+/// Runs `future`, made at `made`, until `limit`: its output, or `None` when `limit` came
+/// first.
 ///
 /// With `gap` (the longest `future` goes without waking its task: its connection's bound
 /// on one request), the timer is armed only once `limit` is within `gap`; without it, at
-/// the first poll that leaves `future` pending, as `tokio::time::timeout_at` does.
+/// the first poll that leaves `future` pending, as `tokio::time::timeout_at` does. The
+/// first poll counts from `made` (taken just before: the clock is read once less per
+/// attempt, most of which need one poll before their answer).
 pub(crate) async fn until<F: Future>(
     future: Pin<&mut F>,
+    made: Instant,
     limit: Instant,
     gap: Option<Duration>,
 ) -> Option<F::Output> {
@@ -30,12 +34,13 @@ pub(crate) async fn until<F: Future>(
     };
     let mut future = future;
     let mut timer: Option<Pin<Box<Sleep>>> = None;
+    let mut first = Some(made);
     poll_fn(|cx| {
         if let Poll::Ready(output) = future.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
         }
         if timer.is_none() {
-            let now = Instant::now();
+            let now = first.take().unwrap_or_else(Instant::now);
             if now >= limit {
                 return Poll::Ready(None);
             }
@@ -70,7 +75,7 @@ mod tests {
             };
             let ticking = std::pin::pin!(ticking);
             let limit = start + Duration::from_secs(1);
-            let ended: Option<()> = until(ticking, limit, gap).await;
+            let ended: Option<()> = until(ticking, start, limit, gap).await;
             assert!(ended.is_none());
             assert_eq!(start.elapsed(), Duration::from_secs(1), "gap {gap:?}");
         }
@@ -82,21 +87,17 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(30)).await;
             7
         });
-        let limit = Instant::now() + Duration::from_secs(5);
-        assert_eq!(
-            until(answer, limit, Some(Duration::from_millis(500))).await,
-            Some(7)
-        );
+        let now = Instant::now();
+        let limit = now + Duration::from_secs(5);
+        let gap = Some(Duration::from_millis(500));
+        assert_eq!(until(answer, now, limit, gap).await, Some(7));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_deadline_already_passed_ends_a_pending_future_at_once() {
         let never = std::pin::pin!(std::future::pending::<()>());
         let limit = Instant::now();
-        assert!(
-            until(never, limit, Some(Duration::from_secs(1)))
-                .await
-                .is_none()
-        );
+        let gap = Some(Duration::from_secs(1));
+        assert!(until(never, limit, limit, gap).await.is_none());
     }
 }

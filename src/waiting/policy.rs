@@ -146,7 +146,7 @@ where
         let step = {
             let attempt = pin!(attempt(how, sending));
             match attempt_limit(deadline, sending) {
-                Some(limit) => deadline::until(attempt, limit, gap).await,
+                Some(limit) => deadline::until(attempt, sending, limit, gap).await,
                 None => Some(attempt.await),
             }
         };
@@ -235,8 +235,10 @@ where
             continue;
         }
         // Confirming a subscription takes no longer than this waiter would sleep anyway.
+        // The waits' futures are boxed (as below): every obtain's future would otherwise
+        // carry room for them, and copy it each time it moves, also when it never waits.
         if let Some(held) = &held
-            && waiter.listen_to(held.key, until).await
+            && Box::pin(waiter.listen_to(held.key, until)).await
         {
             if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
                 return Err(at_deadline(failure));
@@ -262,7 +264,7 @@ where
             until.saturating_duration_since(Instant::now())
         });
         watch.retrying(&failure, held.as_ref(), delay);
-        woken = waiter.wait(until).await;
+        woken = Box::pin(waiter.wait(until)).await;
         watch.progress.woke(woken);
         if !woken && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             return Err(at_deadline(failure));
