@@ -51,37 +51,31 @@ local fair = lease ~= nil and lease ~= ''
 
 local redis7 = (redis.REDIS_VERSION_NUM or 0) >= 0x070000
 
--- The all-free case first, the cheapest way the server offers and with nothing else set up:
--- MSETNX per chunk of keys, then one PEXPIRE per key. A chunk that finds any key taken
--- undoes the chunks before it, and the keys are then looked at one by one. A single key on
--- Redis 7 goes straight to SET NX PX GET below: one command, free or held.
+-- The all-free case first, with nothing else set up: one EXISTS per chunk of keys, then one
+-- SET .. PX per key, so that every key carries its TTL from its write on (a command refused
+-- part-way, by the ACL or for memory, ends the script with what it wrote kept: never a key
+-- without an expiry). A chunk that finds any key taken (or of another type) leaves the keys
+-- to be looked at one by one below. A single key on Redis 7 goes straight to SET NX PX GET
+-- below: one command, free or held.
 local CHUNK = 1000
 local created = 0  -- keys 1..created were visited: all created by this call but those in mine
 local all_free = not (count == 1 and redis7)
 for first = 1, (all_free and count or 0), CHUNK do
-  local last = math.min(first + CHUNK - 1, count)
-  local args = {}
-  for i = first, last do
-    args[2 * (i - first) + 1] = KEYS[i]
-    args[2 * (i - first) + 2] = value
-  end
-  local set = redis.pcall('MSETNX', unpack(args))
-  if set ~= 1 then
-    -- Taken (0), or an error such as OOM: undo the chunks before; look closer below.
-    for i = 1, first - 1 do
-      redis.call('DEL', KEYS[i])
-    end
-    if type(set) == 'table' then
-      return set
-    end
-    created = 0
+  if redis.call('EXISTS', unpack(KEYS, first, math.min(first + CHUNK - 1, count))) ~= 0 then
     all_free = false
     break
   end
-  for i = first, last do
-    redis.call('PEXPIRE', KEYS[i], ttl)
+end
+for i = 1, (all_free and count or 0) do
+  local set = redis.pcall('SET', KEYS[i], value, 'PX', ttl)
+  if type(set) == 'table' and set.err then
+    -- An error such as OOM: undo this call's keys.
+    for j = 1, i - 1 do
+      redis.call('DEL', KEYS[j])
+    end
+    return set
   end
-  created = last
+  created = i
 end
 
 if all_free and not counter and not fair then

@@ -50,8 +50,21 @@ pub(crate) fn is_transient(err: &RedisError) -> bool {
 /// a deadline would only hide a setting to fix.
 pub(crate) fn is_access_refusal(err: &RedisError) -> bool {
     err.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH" | "NOPERM"))
+        || matches!(err.code(), Some("WRONGPASS" | "NOAUTH"))
+        || is_acl_refusal(err)
         || is_tls_refusal(err)
+}
+
+/// Whether the server's ACL refuses the user a key, channel or command: `NOPERM`, or a
+/// command a script runs, which Redis 7.0 reports as "The user executing the script can't
+/// run this command or subcommand" (or "... access at least one of the keys") and Redis
+/// 7.2 and Valkey as "ACL failure in script", with the code `ERR`.
+pub(crate) fn is_acl_refusal(err: &RedisError) -> bool {
+    if err.code() == Some("NOPERM") {
+        return true;
+    }
+    let text = err.to_string().to_ascii_lowercase();
+    text.contains("the user executing the script can't") || text.contains("acl failure in script")
 }
 
 /// Whether the server refused the database a URL selects (`SELECT` of an index it lacks).
@@ -118,6 +131,27 @@ pub(crate) fn is_syntax_error(err: &RedisError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_refused_inside_a_script_is_an_acl_refusal() {
+        let refusal = |text: &str| {
+            RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                "An error was signalled by the server",
+                text.to_owned(),
+            ))
+        };
+        for text in [
+            "The user executing the script can't run this command or subcommand script: 3f1a, on @user_script:82.",
+            "ACL failure in script: User 'min' has no permissions to run the 'pexpire' command script: 3f1a, on @user_script:82.",
+        ] {
+            assert!(is_acl_refusal(&refusal(text)), "{text}");
+            assert!(is_access_refusal(&refusal(text)), "{text}");
+        }
+        assert!(!is_acl_refusal(&refusal(
+            "user_script:1: Script attempted to access nonexistent global variable"
+        )));
+    }
 
     fn server_error(line: &str) -> RedisError {
         match redis::parse_redis_value(line.as_bytes()).map(redis::Value::extract_error) {

@@ -467,6 +467,21 @@ impl Error {
         }
     }
 
+    /// True when the server's ACL refuses this user a key, channel or command the lock
+    /// needs: `NOPERM`, or a command one of lockset's scripts runs (which the server reports
+    /// with `ERR` and its own words). A setting to fix, not a state that passes (see the
+    /// guide's servers chapter for what a lock user needs). On a Redlock quorum, true when
+    /// some master refused so.
+    pub fn is_refused_by_acl(&self) -> bool {
+        match self {
+            Self::Redis(err) => classify::is_acl_refusal(err),
+            Self::Quorum { failures, .. } => failures.iter().any(
+                |(_, failure)| matches!(failure, NodeFailure::Redis(err) if classify::is_acl_refusal(err)),
+            ),
+            _ => false,
+        }
+    }
+
     /// True when a call of the blocking API came from inside an async runtime
     /// ([`Error::InsideAsyncRuntime`]).
     pub fn is_inside_async_runtime(&self) -> bool {

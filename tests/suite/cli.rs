@@ -2216,6 +2216,31 @@ fn a_user_without_scripts_gets_exit_77_and_nothing_locked() {
     every_subcommand_is_refused_scripts(&urls, &server);
 }
 
+/// A user the ACL refuses a command lockset's scripts run (the server says so with `ERR`,
+/// not `NOPERM`): 77 at once from a multi-key acquire and a waiting run, as an ACL refusal,
+/// and nothing locked; before, 69 (and the keys were left without an expiry).
+#[test]
+fn a_command_refused_inside_a_script_gets_exit_77_and_nothing_locked() {
+    let server = RedisServer::start();
+    let user = [
+        "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-exists", "-pexpire",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let urls = [format!("redis://locker:pw@127.0.0.1:{}/", server.port())];
+    for args in [
+        &["acquire", "--ttl", "30s", "a", "b"][..],
+        &[
+            "run", "--ttl", "30s", "--wait", "5s", "a", "b", "--", "true",
+        ],
+    ] {
+        let out = finish(lockset(&urls).args(args));
+        assert_eq!(out.code, Some(77), "{args:?}: {out:?}");
+        assert!(out.stderr.contains("ACL"), "{args:?}: {out:?}");
+        assert!(out.took < Duration::from_millis(2_000), "{args:?}: {out:?}");
+        assert!(!exists(&server.url(), "a"), "{args:?}");
+    }
+}
+
 /// Every subcommand on a server that refuses scripts: 77 at once, naming the scripting
 /// command, nothing locked (reading the keys runs a script too: the same refusal).
 fn every_subcommand_is_refused_scripts(urls: &[String], server: &RedisServer) {

@@ -361,3 +361,66 @@ async fn refuses_every_obtain(server: &RedisServer, client: &Client<ConnectionMa
         assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
     }
 }
+
+/// A user the server refuses a command one of lockset's scripts runs: the obtain ends with
+/// an ACL refusal, and no key it wrote is left without an expiry. Redis keeps what a script
+/// wrote before a refused command ended it: an obtain that set its keys first and gave
+/// them their TTL after left them held for ever (a user without `@keyspace`, whose `PEXPIRE`
+/// was refused).
+#[tokio::test]
+async fn a_command_refused_inside_a_script_leaves_no_key_without_an_expiry() {
+    let server = RedisServer::start();
+    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let keys = ["pre:a", "pre:b"];
+    let no_expiry = async |server: &RedisServer| {
+        let mut conn = support::connect(server).await;
+        let mut found = Vec::new();
+        for key in keys {
+            let left: i64 = lockset::redis::cmd("PTTL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if left == -1 {
+                found.push(key);
+            }
+        }
+        found
+    };
+    // Only the string, scripting, sorted-set and hash commands: no PEXPIRE, DEL, EXISTS.
+    let user = [
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">pw",
+        "~pre:*",
+        "&*",
+        "+@scripting",
+        "+@string",
+        "+@sortedset",
+        "+@hash",
+        "+@connection",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let client = Client::connect(&url).await.unwrap();
+    let err = client
+        .obtain_multi(keys, ms(10_000), &Options::default())
+        .await
+        .unwrap_err();
+    assert!(err.is_refused_by_acl(), "{err:?}");
+    assert!(no_expiry(&server).await.is_empty(), "keys left for ever");
+
+    // Every command but PEXPIRE: the lock is taken, and its keys expire.
+    let user = [
+        "ACL", "SETUSER", "locker", "reset", "on", ">pw", "~pre:*", "&*", "+@all", "-pexpire",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let client = Client::connect(&url).await.unwrap();
+    let lock = client
+        .obtain_multi(keys, ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    assert!(no_expiry(&server).await.is_empty(), "keys left for ever");
+    lock.release().await.unwrap();
+}

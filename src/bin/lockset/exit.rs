@@ -139,20 +139,15 @@ const ACL_HINT: &str = " (the server's ACL refuses this user a key or command of
     lock user needs a key pattern that covers each lock key and the queue names that begin \
     with it, such as ~app:* for app:... keys, and the commands; see the servers guide)";
 
-/// Whether the server's ACL refuses the user a key or a command (`NOPERM`).
+/// Whether the server's ACL refuses the user a key or a command (`NOPERM`, or a command
+/// a script runs: see [`Error::is_refused_by_acl`]).
 fn is_acl_refusal(err: &RedisError) -> bool {
-    err.code() == Some("NOPERM")
+    Error::Redis(err.clone()).is_refused_by_acl()
 }
 
 /// Whether a library error is an ACL refusal: the server's, or a Redlock master's.
 fn refuses_acl(err: &Error) -> bool {
-    match err {
-        Error::Redis(redis) => is_acl_refusal(redis),
-        Error::Quorum { failures, .. } => failures
-            .iter()
-            .any(|(_, failure)| matches!(failure, NodeFailure::Redis(e) if is_acl_refusal(e))),
-        _ => false,
-    }
+    err.is_refused_by_acl()
 }
 
 /// Whether the server does not know the scripting commands (renamed away, say). Redis 7
