@@ -2320,3 +2320,28 @@ fn a_key_outside_the_users_acl_gets_exit_77_naming_the_acl() {
 /// `--shared` and `--permits N`: the library's modes from the shell.
 #[path = "cli_modes.rs"]
 mod modes;
+
+/// A variable an option reads, set but empty (a service file that leaves `LOCKSET_SENTINEL=`
+/// behind), counts as unset: the command goes to `REDIS_URL` as it would without it. Each
+/// exited 64 before ("--sentinel needs --master", "a --redis URL is empty").
+#[test]
+fn empty_variables_count_as_unset() {
+    let server = RedisServer::start();
+    for name in [
+        "LOCKSET_REDIS",
+        "LOCKSET_SENTINEL",
+        "LOCKSET_MASTER",
+        "LOCKSET_TLS_CA_CERT",
+        "LOCKSET_TLS_CERT",
+        "LOCKSET_TLS_KEY",
+        "LOCKSET_RESTART_GRACE",
+    ] {
+        let out = finish(
+            lockset(&[])
+                .env(name, "")
+                .env("REDIS_URL", server.url())
+                .args(["status", "job"]),
+        );
+        assert_eq!(out.code, Some(0), "{name}=: {out:?}");
+    }
+}

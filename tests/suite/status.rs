@@ -169,6 +169,38 @@ fn watch_logs_a_round_per_interval_when_stdout_is_not_a_terminal() {
     assert_eq!(code, Some(64));
 }
 
+/// `--json --watch` into a pipe: JSON lines, each round one object with its time (a time
+/// stamp line of its own, and the object indented under it, broke every JSON-lines reader).
+#[test]
+fn watch_with_json_writes_one_object_a_line() {
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let (code, _) = finish(lockset(&urls).args(["acquire", "--metadata", "holder-1", "job"]));
+    assert_eq!(code, Some(0));
+    let mut watch = lockset(&urls)
+        .args(["status", "--json", "--watch=100ms", "job"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("lockset runs");
+    std::thread::sleep(Duration::from_millis(700));
+    watch.kill().unwrap();
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The last line may be cut by the kill.
+    let lines: Vec<&str> = text.lines().collect();
+    let whole = &lines[..lines.len().saturating_sub(1)];
+    assert!(whole.len() >= 2, "rounds: {text}");
+    for line in whole {
+        let round: serde_json::Value = serde_json::from_str(line).expect("a JSON object a line");
+        assert_eq!(round["keys"][0]["metadata"], "holder-1", "{line}");
+        assert!(
+            round["time"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{line}"
+        );
+    }
+}
+
 #[test]
 fn a_redlock_quorum_shows_each_masters_queue() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand};
+use clap::{ArgAction, Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use crate::duration;
 
@@ -37,7 +37,8 @@ Environment:
   LOCKSET_SENTINEL  default for --sentinel (several URLs separated by commas)
   LOCKSET_MASTER    default for --master
   LOCKSET_TLS_CA_CERT, LOCKSET_TLS_CERT, LOCKSET_TLS_KEY
-                    defaults for --tls-ca-cert, --tls-cert, --tls-key";
+                    defaults for --tls-ca-cert, --tls-cert, --tls-key
+  A variable set but empty counts as unset.";
 
 /// The help heading of the options every subcommand takes.
 const GLOBAL: &str = "Global options";
@@ -63,6 +64,29 @@ pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub(crate) command: Command,
+}
+
+impl Cli {
+    /// Parses the command line. A variable of the environment that an option reads and that
+    /// is set but empty counts as unset (a service file or a cron line that leaves
+    /// `LOCKSET_SENTINEL=` behind): it neither gives the option an empty value nor turns on
+    /// what the option turns on.
+    pub(crate) fn parse_args() -> Result<Self, clap::Error> {
+        let mut command = Self::command();
+        let empty: Vec<clap::Id> = command
+            .get_arguments()
+            .filter(|arg| {
+                arg.get_env()
+                    .and_then(std::env::var_os)
+                    .is_some_and(|value| value.is_empty())
+            })
+            .map(|arg| arg.get_id().clone())
+            .collect();
+        for id in empty {
+            command = command.mut_arg(id, |arg| arg.env(None::<&'static str>));
+        }
+        Self::from_arg_matches(&command.try_get_matches()?)
+    }
 }
 
 impl Global {
@@ -518,7 +542,7 @@ pub(crate) struct StatusArgs {
 
     /// Show the status again every INTERVAL (--watch=2s; default 1s) until interrupted: redrawn on a
     /// terminal, else a line log (each round's lines after a time stamp; with --json, a
-    /// JSON object per line).
+    /// JSON object per line, its time in "time").
     #[arg(
         long,
         value_name = "INTERVAL",

@@ -25,8 +25,8 @@ mod validate;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::CommandFactory as _;
 use clap::error::ErrorKind;
-use clap::{CommandFactory as _, Parser as _};
 use lockset::redis::aio::ConnectionLike;
 
 use crate::cli::{Cli, Command, Global, LockCommand};
@@ -45,7 +45,7 @@ const SETTLE: Duration = Duration::from_secs(2);
 fn main() -> ExitCode {
     obtain::started();
     signals::shield_writes();
-    let mut cli = match Cli::try_parse() {
+    let mut cli = match Cli::parse_args() {
         Ok(cli) => cli,
         Err(err) => return ExitCode::from(usage(&err)),
     };

@@ -30,17 +30,21 @@ where
 {
     let Some(every) = args.watch else {
         let seen = look(redis, &args.keys).await?;
-        print(&render(&seen, &said(sentinels).await, args.json))?;
+        print(&render(&seen, &said(sentinels).await, args.json, None))?;
         return Ok(0);
     };
     let redraw = std::io::stdout().is_terminal();
     loop {
         let seen = look(redis, &args.keys).await?;
-        let text = render(&seen, &said(sentinels).await, args.json);
+        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let at = (args.json && !redraw).then_some(now.as_str());
+        let text = render(&seen, &said(sentinels).await, args.json, at);
         let text = match redraw {
             // Home, clear the screen, then the status.
             true => format!("\x1b[H\x1b[2J{text}"),
-            false => log_round(&text),
+            // JSON lines stay one object a line, the time inside.
+            false if args.json => text,
+            false => log_round(&now, &text),
         };
         print(&text)?;
         tokio::time::sleep(every).await;
@@ -57,13 +61,16 @@ where
         .map_err(|err| exit::redis_failure("cannot read the keys from Redis", &err))
 }
 
-/// The status as text: lines, or one JSON object on a line.
-fn render(seen: &[Key], sentinels: &[String], json: bool) -> String {
+/// The status as text: lines, or one JSON object on a line (with the time `at`, when given).
+fn render(seen: &[Key], sentinels: &[String], json: bool, at: Option<&str>) -> String {
     match json {
         true => {
             let mut value = as_json(seen);
             if !sentinels.is_empty() {
                 value["sentinels"] = json!(sentinels);
+            }
+            if let Some(at) = at {
+                value["time"] = json!(at);
             }
             format!("{value}\n")
         }
@@ -86,9 +93,8 @@ async fn said(sentinels: Sentinels<'_>) -> Vec<String> {
     }
 }
 
-/// One round of a line log: a time stamp, then the round's lines indented.
-fn log_round(text: &str) -> String {
-    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+/// One round of a line log: its time stamp `now`, then the round's lines indented.
+fn log_round(now: &str, text: &str) -> String {
     let lines: String = text.lines().map(|line| format!("  {line}\n")).collect();
     format!("{now}\n{lines}")
 }
@@ -259,7 +265,7 @@ mod tests {
 
     #[test]
     fn a_line_log_stamps_each_round() {
-        let round = log_round("\"k\" is free\n");
+        let round = log_round("2026-11-29T12:00:00Z", "\"k\" is free\n");
         let lines: Vec<&str> = round.lines().collect();
         assert_eq!(lines.len(), 2, "{round}");
         assert!(lines[0].ends_with('Z'), "{round}");
