@@ -58,13 +58,30 @@ pub(crate) fn is_access_refusal(err: &RedisError) -> bool {
 /// Whether the server's ACL refuses the user a key, channel or command: `NOPERM`, or a
 /// command a script runs, which Redis 7.0 reports as "The user executing the script can't
 /// run this command or subcommand" (or "... access at least one of the keys") and Redis
-/// 7.2 and Valkey as "ACL failure in script", with the code `ERR`.
+/// 7.2 and Valkey as "ACL failure in script", with the code `ERR`; Redis 6.2 puts "Error
+/// running script (call to ...): @user_script:N: @user_script: N: " before it. Read at the start of the
+/// message (after that prefix) only: a script's own error may quote a key that contains
+/// the words (a fencing counter's name).
 pub(crate) fn is_acl_refusal(err: &RedisError) -> bool {
     if err.code() == Some("NOPERM") {
         return true;
     }
-    let text = err.to_string().to_ascii_lowercase();
-    text.contains("the user executing the script can't") || text.contains("acl failure in script")
+    let Some(detail) = err.detail() else {
+        return false;
+    };
+    let detail = detail.to_ascii_lowercase();
+    let message = match detail.strip_prefix("error running script") {
+        Some(wrapped) => wrapped.rsplit_once("@user_script").map_or("", |(_, rest)| {
+            rest.trim_start_matches(|c: char| c == ':' || c == ' ' || c.is_ascii_digit())
+        }),
+        None => detail.as_str(),
+    };
+    [
+        "the user executing the script can't",
+        "acl failure in script",
+    ]
+    .iter()
+    .any(|start| message.starts_with(start))
 }
 
 /// Whether the server refused the database a URL selects (`SELECT` of an index it lacks).

@@ -55,7 +55,8 @@ pub(crate) struct Natives {
     found: AtomicU8,
     /// The Sentinel epoch of the primary that was asked, plus one (0: not under Sentinel).
     epoch: AtomicU64,
-    /// One question at a time: the tasks that come meanwhile wait for its answer.
+    /// Held by the task whose question's answer is kept as it is; others that come meanwhile
+    /// ask too and merge their answers (see [`Natives::learn`]).
     asking: tokio::sync::Mutex<()>,
 }
 
@@ -117,7 +118,12 @@ impl Natives {
     }
 
     /// The bits known of the current primary, after asking by `ask` (which returns `part`
-    /// and what it found) when `part` is not known yet. One question at a time.
+    /// and what it found) when `part` is not known yet. One question at a time, but nobody
+    /// waits for another task's: a task that finds a question under way asks too, and
+    /// merges its answer. Every wait of an attempt is then one of its own requests, which its
+    /// connection's response timeout bounds: what lets an attempt far from its deadline go
+    /// without a timer (see `rt/deadline.rs`). Queued behind other tasks' questions, each up
+    /// to a response timeout, it waited past its deadline.
     async fn learn(
         &self,
         epoch: Option<u64>,
@@ -128,16 +134,26 @@ impl Natives {
         if known & part != 0 {
             return Ok(Found(known));
         }
-        let _asking = self.asking.lock().await;
+        let asking = self.asking.try_lock().ok();
         let known = self.known(epoch);
         if known & part != 0 {
             return Ok(Found(known));
         }
         let found = Found(known | ask().await?);
         tracing::debug!(?found, "what the server lets this client do");
-        self.epoch
-            .store(epoch.map_or(0, |epoch| epoch + 1), Ordering::Relaxed);
-        self.found.store(found.0, Ordering::Release);
+        let mark = epoch.map_or(0, |epoch| epoch + 1);
+        match asking {
+            Some(_asking) => {
+                self.epoch.store(mark, Ordering::Relaxed);
+                self.found.store(found.0, Ordering::Release);
+            }
+            // Beside the task that holds the question: its answer counts too, for the same
+            // primary only (the other may have moved on to a new one meanwhile).
+            None if self.epoch.load(Ordering::Relaxed) == mark => {
+                self.found.fetch_or(found.0, Ordering::AcqRel);
+            }
+            None => {}
+        }
         Ok(found)
     }
 

@@ -2321,9 +2321,10 @@ fn a_key_outside_the_users_acl_gets_exit_77_naming_the_acl() {
 #[path = "cli_modes.rs"]
 mod modes;
 
-/// A variable an option reads, set but empty (a service file that leaves `LOCKSET_SENTINEL=`
-/// behind), counts as unset: the command goes to `REDIS_URL` as it would without it. Each
-/// exited 64 before ("--sentinel needs --master", "a --redis URL is empty").
+/// A variable an option reads, set but empty or blank (a service file that leaves
+/// `LOCKSET_SENTINEL=` behind), counts as unset: the command goes to `REDIS_URL` as it would
+/// without it. Each exited 64 before ("--sentinel needs --master", "a --redis URL is
+/// empty"). Not `LOCKSET_RESTART_GRACE`, a safety setting: empty, it is still bad usage.
 #[test]
 fn empty_variables_count_as_unset() {
     let server = RedisServer::start();
@@ -2334,14 +2335,21 @@ fn empty_variables_count_as_unset() {
         "LOCKSET_TLS_CA_CERT",
         "LOCKSET_TLS_CERT",
         "LOCKSET_TLS_KEY",
-        "LOCKSET_RESTART_GRACE",
     ] {
         let out = finish(
             lockset(&[])
-                .env(name, "")
+                .env(name, " ")
                 .env("REDIS_URL", server.url())
                 .args(["status", "job"]),
         );
         assert_eq!(out.code, Some(0), "{name}=: {out:?}");
     }
+    // But a safety setting left empty is bad usage, not the shorter default.
+    let out = finish(
+        lockset(&[])
+            .env("LOCKSET_RESTART_GRACE", "")
+            .env("REDIS_URL", server.url())
+            .args(["status", "job"]),
+    );
+    assert_eq!(out.code, Some(64), "{out:?}");
 }

@@ -361,3 +361,44 @@ async fn an_answer_bound_keeps_every_deadline_against_a_paused_server() {
     }
     env.server.resume();
 }
+
+/// Every wait of an attempt is one of its own requests, so an answer bound keeps deadlines
+/// also while the client still learns what the server runs: an obtain that came after
+/// others waited behind their questions (each up to a response timeout) and ended 1,962 ms
+/// into a 1 s deadline (a review's probe).
+#[tokio::test]
+async fn an_answer_bound_keeps_the_deadline_of_an_obtain_behind_others_still_asking() {
+    let env = Env::start().await;
+    let bound = ms(500);
+    let client = Client::new(connect_with_timeout(&env.server, bound).await)
+        .connection_answers_within(bound)
+        .unwrap();
+    env.server.pause();
+    let long = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(Duration::from_secs(20));
+    let before: Vec<_> = (0..4)
+        .map(|i| {
+            let (client, long) = (client.clone(), long.clone());
+            tokio::spawn(
+                async move { client.obtain(format!("early:{i}"), ms(60_000), &long).await },
+            )
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(1_000));
+    let start = Instant::now();
+    let err = client
+        .obtain("job", ms(60_000), &options)
+        .await
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(took < ms(1_150), "a deadline of 1 s ended after {took:?}");
+    for task in before {
+        task.abort();
+    }
+    env.server.resume();
+}

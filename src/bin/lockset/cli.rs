@@ -38,7 +38,7 @@ Environment:
   LOCKSET_MASTER    default for --master
   LOCKSET_TLS_CA_CERT, LOCKSET_TLS_CERT, LOCKSET_TLS_KEY
                     defaults for --tls-ca-cert, --tls-cert, --tls-key
-  A variable set but empty counts as unset.";
+  A variable set but empty counts as unset (but LOCKSET_RESTART_GRACE: exit 64).";
 
 /// The help heading of the options every subcommand takes.
 const GLOBAL: &str = "Global options";
@@ -66,19 +66,24 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
+/// The variable that sets `--restart-grace`.
+const RESTART_GRACE_VARIABLE: &str = "LOCKSET_RESTART_GRACE";
+
 impl Cli {
     /// Parses the command line. A variable of the environment that an option reads and that
-    /// is set but empty counts as unset (a service file or a cron line that leaves
+    /// is set but empty (or blank) counts as unset (a service file or a cron line that leaves
     /// `LOCKSET_SENTINEL=` behind): it neither gives the option an empty value nor turns on
-    /// what the option turns on.
+    /// what the option turns on. Not `LOCKSET_RESTART_GRACE`: a safety setting left empty is
+    /// bad usage, not a wish for the shorter default.
     pub(crate) fn parse_args() -> Result<Self, clap::Error> {
         let mut command = Self::command();
         let empty: Vec<clap::Id> = command
             .get_arguments()
             .filter(|arg| {
                 arg.get_env()
+                    .filter(|name| *name != RESTART_GRACE_VARIABLE)
                     .and_then(std::env::var_os)
-                    .is_some_and(|value| value.is_empty())
+                    .is_some_and(|value| value.to_string_lossy().trim().is_empty())
             })
             .map(|arg| arg.get_id().clone())
             .collect();

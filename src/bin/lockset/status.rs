@@ -36,7 +36,7 @@ where
     let redraw = std::io::stdout().is_terminal();
     loop {
         let seen = look(redis, &args.keys).await?;
-        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+        let now = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
         let at = (args.json && !redraw).then_some(now.as_str());
         let text = render(&seen, &said(sentinels).await, args.json, at);
         let text = match redraw {
