@@ -387,6 +387,12 @@ async fn clients_are_cheap_clones_sharing_one_connection() {
         let list: String = env.cmd(&["CLIENT", "LIST"]).await;
         list.lines().count()
     };
+    // Connecting probes the server with a connection of its own first, which closes in the
+    // background: counted from once it has (the manager's and the inspection connection).
+    support::eventually(ms(5_000), "the probe connection closed", async || {
+        connections().await == 2
+    })
+    .await;
     let before = connections().await;
     let clone = env.client.clone();
     let lock = clone.obtain("job", ms(10_000), &opts()).await.unwrap();
