@@ -4,6 +4,7 @@ use crate::support;
 
 use std::time::Duration;
 
+use lockset::redis::aio::MultiplexedConnection;
 use lockset::{Client, Error, Options, Retry};
 use support::{Env, connect_with_timeout, ms};
 use tokio::time::Instant;
@@ -324,6 +325,14 @@ async fn a_timed_out_obtain_is_retried_and_then_succeeds() {
     assert!(!env.exists("job").await);
 }
 
+/// A client of `env`'s server whose connection times a reply out after `bound`, and which
+/// is told so.
+async fn answering_within(env: &Env, bound: Duration) -> Client<MultiplexedConnection> {
+    Client::new(connect_with_timeout(&env.server, bound).await)
+        .connection_answers_within(bound)
+        .unwrap()
+}
+
 /// A client told its connection's bound on one request arms no timer while its deadline is
 /// further away than that, and still ends every obtain at its deadline: one further away
 /// than the bound (the connection wakes it until the deadline is near), and one nearer
@@ -331,10 +340,7 @@ async fn a_timed_out_obtain_is_retried_and_then_succeeds() {
 #[tokio::test]
 async fn an_answer_bound_keeps_every_deadline_against_a_paused_server() {
     let env = Env::start().await;
-    let bound = ms(200);
-    let client = Client::new(connect_with_timeout(&env.server, bound).await)
-        .connection_answers_within(bound)
-        .unwrap();
+    let client = answering_within(&env, ms(200)).await;
     env.server.pause();
     // Each bound: at least the deadline less one retry delay (a retry that would come after
     // the deadline is not waited for), at most the deadline and a little more.
@@ -369,10 +375,7 @@ async fn an_answer_bound_keeps_every_deadline_against_a_paused_server() {
 #[tokio::test]
 async fn an_answer_bound_keeps_the_deadline_of_an_obtain_behind_others_still_asking() {
     let env = Env::start().await;
-    let bound = ms(500);
-    let client = Client::new(connect_with_timeout(&env.server, bound).await)
-        .connection_answers_within(bound)
-        .unwrap();
+    let client = answering_within(&env, ms(500)).await;
     env.server.pause();
     let long = Options::default()
         .retry(Retry::linear(ms(50)))

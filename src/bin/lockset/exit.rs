@@ -92,7 +92,7 @@ impl Failure {
                 Self::new(DATA, err.to_string())
             }
             _ if err.is_scripts_refused() => Self::new(NOPERM, err.to_string()),
-            _ if refuses_acl(err) => Self::lasting(NOPERM, format!("{err}{ACL_HINT}")),
+            _ if err.is_refused_by_acl() => Self::lasting(NOPERM, format!("{err}{ACL_HINT}")),
             Error::Redis(redis) if is_refusal(redis) => {
                 Self::lasting(UNAVAILABLE, format!("{err}{}", hint(redis)))
             }
@@ -143,11 +143,6 @@ const ACL_HINT: &str = " (the server's ACL refuses this user a key or command of
 /// a script runs: see [`Error::is_refused_by_acl`]).
 fn is_acl_refusal(err: &RedisError) -> bool {
     Error::Redis(err.clone()).is_refused_by_acl()
-}
-
-/// Whether a library error is an ACL refusal: the server's, or a Redlock master's.
-fn refuses_acl(err: &Error) -> bool {
-    err.is_refused_by_acl()
 }
 
 /// Whether the server does not know the scripting commands (renamed away, say). Redis 7
