@@ -201,6 +201,42 @@ fn watch_with_json_writes_one_object_a_line() {
     }
 }
 
+/// `--watch` into a pipe whose reader leaves (`lockset status --watch job | head -3`): the
+/// watch ends quietly with 0, as the pipe's other commands do, within a round or two (it
+/// exited 71 saying "cannot print the status: Broken pipe").
+#[test]
+fn watch_ends_quietly_when_its_reader_leaves() {
+    use std::io::{BufRead as _, BufReader};
+
+    let server = RedisServer::start();
+    let urls = [server.url()];
+    let mut watch = lockset(&urls)
+        .args(["status", "--watch=50ms", "job"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lockset runs");
+    let mut reader = BufReader::new(watch.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    reader.read_line(&mut first).expect("a first line");
+    assert!(!first.is_empty(), "the watch printed");
+    let left = Instant::now();
+    drop(reader);
+    let out = watch.wait_with_output().expect("lockset ends");
+    let took = left.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        took < Duration::from_millis(3_000),
+        "ended {took:?} after the reader left"
+    );
+}
+
 #[test]
 fn a_redlock_quorum_shows_each_masters_queue() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();

@@ -46,7 +46,9 @@ where
             false if args.json => text,
             false => log_round(&now, &text),
         };
-        print(&text)?;
+        if !print(&text)? {
+            return Ok(0);
+        }
         tokio::time::sleep(every).await;
     }
 }
@@ -99,12 +101,22 @@ fn log_round(now: &str, text: &str) -> String {
     format!("{now}\n{lines}")
 }
 
-fn print(text: &str) -> Result<(), Failure> {
+/// Prints `text`: true when printed, false when stdout's reader has left (a pipe closed
+/// behind it, as `status --watch | head` closes it): nobody is left to tell, and the
+/// commands of a pipe end quietly then.
+fn print(text: &str) -> Result<bool, Failure> {
     let mut stdout = std::io::stdout().lock();
-    stdout
+    match stdout
         .write_all(text.as_bytes())
         .and_then(|()| stdout.flush())
-        .map_err(|err| Failure::new(SYSTEM, format!("cannot print the status: {err}")))
+    {
+        Ok(()) => Ok(true),
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(err) => Err(Failure::new(
+            SYSTEM,
+            format!("cannot print the status: {err}"),
+        )),
+    }
 }
 
 /// `"orders" is held by "web-1:42" (12.3s left)` (or every shared or counted holder), plus
