@@ -11,8 +11,9 @@
 //! share dwarf this, and its ratios swing by more than the difference this shows, so a
 //! change to lockset's hot path is judged here first and then in the bench.
 //!
-//! Run with `cargo run --release --example client_work [cycles [tasks]]` (200,000 cycles and
-//! one task unless told). More tasks, as in `client_work 200000 64`, run at once, each on its
+//! Run with `cargo run --release --example client_work [cycles [tasks [keys]]]` (200,000
+//! cycles, one task, one key unless told; with more keys, a lock of that many, the bench's
+//! W3 cycle: raw by a script each way). More tasks, as in `client_work 200000 64`, run at once, each on its
 //! own key (the cycles, rounded down to a multiple of the tasks, split between them), and
 //! every request lets the others run before it is answered (as waiting for a server would),
 //! still in one thread. Each task's state then goes cold between its steps, as under the
@@ -51,11 +52,29 @@ fn reply(cmd: &Cmd) -> Value {
     match word(cmd.args_iter().next()).as_slice() {
         b"SET" if word(cmd.args_iter().last()) == b"GET" => Value::Nil,
         b"SET" => Value::Okay,
+        // lockset's obtain script (its sha not raw's, and the value and TTL after the keys)
+        // answers {1}; every other script 1.
+        b"EVALSHA" if is_lockset_obtain(cmd) => Value::Array(vec![Value::Int(1)]),
         b"EVALSHA" | b"EVAL" | b"DELIFEQ" => Value::Int(1),
         b"SCRIPT" => Value::Array(vec![Value::Int(1); 32]),
         b"COMMAND" => Value::Array(vec![Value::Nil]),
         _ => Value::Okay,
     }
+}
+
+/// The raw baseline's script hash (it loads nothing: the connection answers anything).
+const RAW_SHA: &str = "7ba4a3d1aa3b3a1d5c4b1e2f3a4b5c6d7e8f9a0b";
+
+/// Whether `cmd` is lockset's `EVALSHA` of its obtain script: not raw's hash, and two
+/// arguments (value, TTL) after the keys, where a release has one.
+fn is_lockset_obtain(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter().skip(1);
+    let sha = matches!(args.next(), Some(Arg::Simple(sha)) if sha != RAW_SHA.as_bytes());
+    let keys = match args.next() {
+        Some(Arg::Simple(n)) => std::str::from_utf8(n).ok().and_then(|n| n.parse().ok()),
+        _ => None,
+    };
+    sha && keys.is_some_and(|keys: usize| args.count() == keys + 2)
 }
 
 impl Instantly {
@@ -98,27 +117,32 @@ fn token(seed: &mut u64) -> String {
     format!("{:022x}", *seed)
 }
 
-/// The raw baseline's cycle on `key`, `cycles` times: the bench's `Raw::obtain` and
-/// `Raw::release`.
-async fn raw(conn: Instantly, key: String, cycles: usize) {
+/// The raw baseline's cycle on `keys`, `cycles` times: the bench's `Raw::obtain` and
+/// `Raw::release` (one key: `SET NX PX`; more: a script).
+async fn raw(conn: Instantly, keys: Vec<String>, cycles: usize) {
     let mut seed = 1;
     for _ in 0..cycles {
         let value = token(&mut seed);
-        let mut set = Cmd::new();
-        set.arg("SET")
-            .arg(&key)
-            .arg(&value)
-            .arg("NX")
-            .arg("PX")
-            .arg(10_000u64);
-        let set: Option<String> = set.query_async(&mut conn.clone()).await.expect("SET");
-        assert!(set.is_some(), "the key is always free");
+        let mut obtain = Cmd::new();
+        if let [key] = keys.as_slice() {
+            obtain.arg("SET").arg(key).arg(&value).arg("NX").arg("PX");
+        } else {
+            obtain
+                .arg("EVALSHA")
+                .arg(RAW_SHA)
+                .arg(keys.len())
+                .arg(&keys);
+            obtain.arg(&value);
+        }
+        obtain.arg(10_000u64);
+        let obtained: Option<String> = obtain.query_async(&mut conn.clone()).await.expect("obtain");
+        assert!(obtained.is_some(), "the keys are always free");
         let mut release = Cmd::new();
         release
             .arg("EVALSHA")
-            .arg("7ba4a3d1aa3b3a1d5c4b1e2f3a4b5c6d7e8f9a0b")
-            .arg(1)
-            .arg(&key)
+            .arg(RAW_SHA)
+            .arg(keys.len())
+            .arg(&keys)
             .arg(&value);
         let released: i64 = release
             .query_async(&mut conn.clone())
@@ -128,13 +152,24 @@ async fn raw(conn: Instantly, key: String, cycles: usize) {
     }
 }
 
-/// lockset's cycle on `key`, `cycles` times.
-async fn lockset(client: Client<Instantly>, key: String, cycles: usize) {
+/// lockset's cycle on `keys`, `cycles` times.
+async fn lockset(client: Client<Instantly>, keys: Vec<String>, cycles: usize) {
     let options = Options::default();
     let ttl = Duration::from_secs(10);
     for _ in 0..cycles {
-        let lock = client.obtain(&key, ttl, &options).await.expect("obtain");
-        lock.release().await.expect("release");
+        let lock = match keys.as_slice() {
+            [key] => client.obtain(key, ttl, &options).await,
+            keys => client.obtain_multi(keys, ttl, &options).await,
+        };
+        lock.expect("obtain").release().await.expect("release");
+    }
+}
+
+/// `count` keys named after `base`: `base` itself for one.
+fn keys(base: &str, count: usize) -> Vec<String> {
+    match count {
+        1 => vec![base.to_owned()],
+        _ => (0..count).map(|key| format!("{base}:{key}")).collect(),
     }
 }
 
@@ -176,6 +211,11 @@ async fn main() {
         .map(|arg| arg.parse().expect("tasks: a number"))
         .unwrap_or(1)
         .clamp(1, cycles.max(1));
+    let per_lock: usize = args
+        .next()
+        .map(|arg| arg.parse().expect("keys: a number"))
+        .unwrap_or(1)
+        .max(1);
     let conn = Instantly { yields: tasks > 1 };
     // Release events on, as `Client::connect` and the bench have them: the pub/sub
     // connection opens only when an obtain waits, which none here does (every key is free).
@@ -187,14 +227,17 @@ async fn main() {
         .and_then(|client| client.connection_answers_within(Duration::from_millis(500)))
         .expect("release events and the answer bound");
     // One cycle first: lockset's first obtain asks the server what it supports.
-    lockset(client.clone(), "key:warm".to_owned(), 1).await;
+    lockset(client.clone(), keys("warm", per_lock), 1).await;
     let cycles = cycles / tasks * tasks;
     assert!(cycles > 0, "cycles: at least one per task");
-    println!("{cycles} cycles in {tasks} task(s) per round");
+    println!("{cycles} cycles of {per_lock} key(s) in {tasks} task(s) per round");
     let (mut best_raw, mut best_lockset) = (f64::MAX, f64::MAX);
     for round in 1..=ROUNDS {
-        let raw = timed(tasks, cycles, |key, n| raw(conn, key, n)).await;
-        let lockset = timed(tasks, cycles, |key, n| lockset(client.clone(), key, n)).await;
+        let raw = timed(tasks, cycles, |key, n| raw(conn, keys(&key, per_lock), n)).await;
+        let lockset = timed(tasks, cycles, |key, n| {
+            lockset(client.clone(), keys(&key, per_lock), n)
+        })
+        .await;
         let (raw, lockset) = (per_cycle(raw, cycles), per_cycle(lockset, cycles));
         println!(
             "round {round}: raw {raw:.0} ns, lockset {lockset:.0} ns per cycle (+{:.0})",
