@@ -127,6 +127,8 @@ where
     // The last attempt fell short of its replicas: what the caller is told when the
     // deadline cuts the next one (most likely waiting for the same replicas).
     let mut short: Option<Error> = None;
+    // A queued waiter's last attempt, at the deadline, was made.
+    let mut looked_last = false;
     loop {
         // When this attempt is sent, at the earliest.
         let sending = first.take().unwrap_or_else(Instant::now);
@@ -181,6 +183,9 @@ where
                 (watch.not_obtained(&held), Some(held))
             }
         };
+        if looked_last {
+            return Err(at_deadline(failure));
+        }
         let now = Instant::now();
         let queued_until = queued_until(waiter.queued_lease(), now, held.as_ref());
         // A queued waiter may still have time it drew and did not sleep: banked, or the
@@ -267,7 +272,14 @@ where
         woken = Box::pin(waiter.wait(until)).await;
         watch.progress.woke(woken);
         if !woken && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
-            return Err(at_deadline(failure));
+            // A queued waiter may have been handed the lock with a notice that never came
+            // (its holder's user may not publish, a pub/sub connection dropped): one last
+            // attempt takes it, within the grace an attempt has past the deadline.
+            if queued_until.is_none() || looked_last {
+                return Err(at_deadline(failure));
+            }
+            looked_last = true;
+            continue;
         }
         if !woken && give_up_at.is_some_and(|at| Instant::now() >= at) {
             return Err(failure);

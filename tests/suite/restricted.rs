@@ -248,6 +248,60 @@ async fn a_holder_refused_the_waiters_hand_off_channel_tells_it_on_the_keys() {
     assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
 }
 
+/// A holder whose user may publish on no channel (`resetchannels`: Redis 7's default for a
+/// new user) releases to a queued waiter of another user: the release hands the key on, and
+/// its notice is refused. The waiter, asleep until its lease renewal (5 s) and past its
+/// deadline (1.5 s), learns of its lock by one last attempt at the deadline: it has the lock
+/// within the deadline plus the grace an attempt has past it, where it used to give up
+/// with `DeadlineExceeded` on a lock handed to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_hand_off_notice_was_refused_takes_its_lock_at_its_deadline() {
+    let server = RedisServer::start();
+    let user = [
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">pw",
+        "~pre:*",
+        "resetchannels",
+        "+@all",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let holder = Client::connect(&url).await.unwrap();
+    let waiter = Client::connect(&server.url()).await.unwrap();
+    let lock = holder
+        .obtain("pre:a", ms(20_000), &Options::default())
+        .await
+        .unwrap();
+    let deadline = ms(1_500);
+    let started = Instant::now();
+    let waiting = tokio::spawn(async move {
+        let options = Options::default()
+            .retry(Retry::linear(ms(100)))
+            .timeout(deadline);
+        waiter.obtain("pre:a", ms(10_000), &options).await
+    });
+    support::eventually(ms(1_000), "the waiter queues", async || {
+        queued(&server, "pre:a").await == 1
+    })
+    .await;
+    lock.release().await.unwrap();
+    let theirs = waiting.await.unwrap().expect("the lock handed to it");
+    let took = started.elapsed();
+    assert!(
+        took >= deadline - ms(50) && took < deadline + ms(300),
+        "had the lock after {took:?}"
+    );
+    assert!(
+        theirs.ttl().await.unwrap().is_some(),
+        "the keys are its own"
+    );
+    theirs.release().await.unwrap();
+    assert_eq!(support::server::cli(server.port(), &["DBSIZE"]).trim(), "0");
+}
+
 /// How soon an obtain refused for want of scripts must fail: it asks once and gives up,
 /// without waiting for its deadline.
 const REFUSED_WITHIN: Duration = Duration::from_millis(1_000);
