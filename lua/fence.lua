@@ -21,14 +21,25 @@ local function mint(counter, epoch)
   if incremented < 1 then
     return redis.error_reply('ERR fencing counter ' .. counter .. ' is ' .. incremented .. ', not positive')
   end
-  local fence = redis.call('GET', counter)
-  local time = clock()
+  -- Every command by pcall: a refused one (the ACL) comes back as the error it is, for the
+  -- caller to undo the lock's keys; raised, it would end the script with them written.
+  local fence = redis.pcall('GET', counter)
+  if type(fence) == 'table' then
+    return fence
+  end
+  local time = clock_or_error()
+  if time.err then
+    return time
+  end
   local micros = time[1] .. string.format('%06d', tonumber(time[2]))
   if epoch > 0 then
     micros = epoch .. string.rep('0', 16 - #micros) .. micros
   end
   if greater(micros, fence) then
-    redis.call('SET', counter, micros)
+    local set = redis.pcall('SET', counter, micros)
+    if set.err then
+      return set
+    end
     fence = micros
   end
   return fence

@@ -478,3 +478,32 @@ async fn a_command_refused_inside_a_script_leaves_no_key_without_an_expiry() {
     assert!(no_expiry(&server).await.is_empty(), "keys left for ever");
     lock.release().await.unwrap();
 }
+
+/// A fencing obtain whose user the server refuses `TIME` or `GET` (or a server that renamed
+/// `TIME` away): the counter's minting fails after the lock's keys were written. The obtain
+/// ends with the refusal and none of its keys stays held: they used to, for the whole TTL,
+/// with nobody believing it held them and nothing sent to release them.
+#[tokio::test]
+async fn a_fencing_obtain_refused_inside_its_script_leaves_no_key_held() {
+    let server = RedisServer::start();
+    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    for refused in ["-time", "-get"] {
+        let user = [
+            "ACL", "SETUSER", "locker", "reset", "on", ">pw", "~*", "&*", "+@all", refused,
+        ];
+        assert!(support::server::cli(server.port(), &user).contains("OK"));
+        let client = Client::connect(&url).await.unwrap();
+        for keys in [vec!["pre:a"], vec!["pre:{t}:a", "pre:{t}:b"]] {
+            let options = Options::default().fencing();
+            let err = client
+                .obtain_multi(keys.clone(), ms(60_000), &options)
+                .await
+                .unwrap_err();
+            assert!(err.is_refused_by_acl(), "{refused} {keys:?}: {err:?}");
+            for key in &keys {
+                let held = support::server::cli(server.port(), &["EXISTS", key]);
+                assert_eq!(held.trim(), "0", "{refused}: {key} left held");
+            }
+        }
+    }
+}
