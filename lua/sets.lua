@@ -48,7 +48,13 @@ local function join_set(key, mode, member, expiry, grow, fresh)
   redis.call('ZADD', key, '-inf', '=' .. mode, expiry, member)
   local left = math.max(1, math.ceil(expiry - now))
   if fresh then
-    redis.call('PEXPIRE', key, left)
+    -- No command makes a set with an expiry. A refused PEXPIRE (the ACL) takes the set it
+    -- would leave without one away, and the same command again ends the script with the
+    -- server's own error.
+    if type(redis.pcall('PEXPIRE', key, left)) == 'table' then
+      redis.call('DEL', key)
+      redis.call('PEXPIRE', key, left)
+    end
   elseif not grow then
     expire_set(key)
   elseif redis7 then

@@ -507,3 +507,34 @@ async fn a_fencing_obtain_refused_inside_its_script_leaves_no_key_held() {
         }
     }
 }
+
+/// A shared or counted key is a sorted set, which no command makes with an expiry: the
+/// script adds the holder, then gives the set its TTL. A user refused `PEXPIRE` got the
+/// refusal with the new set left without expiry (until lockset next read it); the set it
+/// made goes now, for shared and counted keys, alone or beside an exclusive key.
+#[tokio::test]
+async fn a_shared_key_refused_its_expiry_is_not_left_without_one() {
+    let server = RedisServer::start();
+    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let user = [
+        "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-pexpire",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let client = Client::connect(&url).await.unwrap();
+    let locks: [Vec<(&str, Mode)>; 3] = [
+        vec![("pre:s", Mode::Shared)],
+        vec![("pre:p", Mode::Permit { limit: 2 })],
+        vec![("pre:{t}:x", Mode::Exclusive), ("pre:{t}:s", Mode::Shared)],
+    ];
+    for keys in locks {
+        let err = client
+            .obtain_multi(keys.clone(), ms(60_000), &Options::default())
+            .await
+            .unwrap_err();
+        assert!(err.is_refused_by_acl(), "{keys:?}: {err:?}");
+        for (key, _) in &keys {
+            let left = support::server::cli(server.port(), &["PTTL", key]);
+            assert_ne!(left.trim(), "-1", "{key} left without an expiry");
+        }
+    }
+}
