@@ -12,6 +12,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::{RedisError, RedisResult, Value};
 
+use crate::error::classify;
 use crate::model::mode::Mode;
 use crate::model::value::{WAITER_MARK, parse_value};
 use crate::waiting::reader::{QueuedWaiter, read_queue};
@@ -34,6 +35,10 @@ pub struct KeyState {
     /// The waiters queued for the key (fair waiting), first come first, as [`read_queue`]
     /// lists them.
     pub waiters: Vec<QueuedWaiter>,
+    /// Whether the queue could be read: false when the server's ACL lets this user read the
+    /// key but not its queue's names (a key pattern that names the key exactly, see the
+    /// servers guide), and `waiters` is empty for want of reading it.
+    pub queue_readable: bool,
 }
 
 impl KeyState {
@@ -211,13 +216,19 @@ where
                 format!("{reply:?}"),
             )));
         };
-        let waiters = read_queue(conn, key).await?;
+        let (waiters, queue_readable) = match read_queue(conn, key).await {
+            Ok(waiters) => (waiters, true),
+            // The key's pattern does not cover its queue's names: who holds it is known.
+            Err(err) if classify::is_acl_refusal(&err) => (Vec::new(), false),
+            Err(err) => return Err(err),
+        };
         states.push(KeyState {
             key: key.to_owned(),
             holding,
             waited_for,
             writer_waiting,
             waiters,
+            queue_readable,
         });
     }
     Ok(states)

@@ -2353,3 +2353,30 @@ fn empty_variables_count_as_unset() {
     );
     assert_eq!(out.code, Some(64), "{out:?}");
 }
+
+/// A user whose ACL names its lock keys exactly (`~ex:a`), not the queue names that begin
+/// with them: it cannot wait fairly (the servers guide), but what it acquires it can see,
+/// refresh and release. Reading a key read its queue too, which the ACL refuses: `status`,
+/// `refresh` and `release` exited 77 and the lock stayed until its TTL. Now the queue is
+/// reported unreadable and the rest goes on.
+#[test]
+fn a_user_limited_to_its_exact_keys_releases_what_it_acquired() {
+    let server = RedisServer::start();
+    let user = [
+        "ACL", "SETUSER", "exact", "on", ">pw", "~ex:a", "&*", "+@all",
+    ];
+    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let urls = [format!("redis://exact:pw@127.0.0.1:{}/", server.port())];
+    let token = acquire(&urls, &["--ttl", "30s", "--metadata", "exact-1", "ex:a"]);
+    let out = finish(lockset(&urls).args(["status", "ex:a"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(out.stdout.contains("exact-1"), "{out:?}");
+    assert!(out.stdout.contains("queue not readable"), "{out:?}");
+    let status = status_json(&urls, &["ex:a"]);
+    assert_eq!(status["keys"][0]["queue_readable"], false, "{status}");
+    let out = finish(lockset(&urls).args(["refresh", "--token", &token, "--ttl", "60s", "ex:a"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    let out = finish(lockset(&urls).args(["release", "--token", &token, "ex:a"]));
+    assert_eq!(out.code, Some(0), "{out:?}");
+    assert!(!exists(&server.url(), "ex:a"));
+}

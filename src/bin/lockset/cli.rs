@@ -374,7 +374,8 @@ pub(crate) enum LockCommand {
             \"ttl_ms\", \"node\"}], \"waiters\": [{\"metadata\", \"waited_ms\", \
             \"lease_ms\" (null: gone, about to be dropped), \"keys\", \"node\"}], \
             \"writer_waiting_ms\" (what is left of a writer's mark that keeps new shared and \
-            counted holders out; null: none)}]}; held_on counts the Redlock masters holding the \
+            counted holders out; null: none), \"queue_readable\" (false: the ACL covers the \
+            key, not its queue's names; waiters unknown)}]}; held_on counts the Redlock masters holding the \
             key (1 of 1 otherwise), node is the master a holder holds or a waiter queues on (0 \
             otherwise).",
         after_help = AFTER_HELP

@@ -60,6 +60,9 @@ pub(crate) struct Key {
     /// waits (or waited and gave up) for the key's shared or counted holders, and no new
     /// one gets in meanwhile. `None` without a mark.
     pub(crate) writer_waiting: Option<Duration>,
+    /// Every server that answered let this user read the key's queue: false when the ACL
+    /// covers the key and not the queue names that begin with it (its waiters unknown).
+    pub(crate) queue_readable: bool,
 }
 
 /// How a key looks overall.
@@ -280,6 +283,7 @@ impl Key {
             nodes,
             queues: self.queues.clone(),
             writer_waiting: self.writer_waiting,
+            queue_readable: self.queue_readable,
         }
     }
 
@@ -428,15 +432,19 @@ where
             nodes: Vec::with_capacity(answers.len()),
             queues: Vec::with_capacity(answers.len()),
             writer_waiting: None,
+            queue_readable: true,
         };
         for answer in &answers {
             let (node, queue, mark) = match answer {
-                Ok(states) => states
-                    .get(index)
-                    .cloned()
-                    .map_or((Node::Free, Vec::new(), None), |state| {
-                        from_state(state, token)
-                    }),
+                Ok(states) => {
+                    states
+                        .get(index)
+                        .cloned()
+                        .map_or((Node::Free, Vec::new(), None), |state| {
+                            seen.queue_readable &= state.queue_readable;
+                            from_state(state, token)
+                        })
+                }
                 Err(err) => (Node::Unreachable(err.to_string()), Vec::new(), None),
             };
             seen.nodes.push(node);
@@ -523,6 +531,7 @@ mod tests {
             queues: vec![Vec::new(); nodes.len()],
             nodes,
             writer_waiting: None,
+            queue_readable: true,
         }
     }
 

@@ -133,6 +133,9 @@ fn as_lines(key: &Key) -> String {
         ),
     };
     let mut text = format!("{head}\n");
+    if !key.queue_readable {
+        text.push_str(QUEUE_NOT_READABLE);
+    }
     for (node, queue) in key.queues.iter().enumerate() {
         for (place, waiter) in queue.iter().enumerate() {
             let on = match nodes {
@@ -144,6 +147,10 @@ fn as_lines(key: &Key) -> String {
     }
     text
 }
+
+/// The line under a key whose queue the ACL refuses this user.
+const QUEUE_NOT_READABLE: &str = "  queue not readable by this user: its ACL covers the key, not \
+     the queue names that begin with it (see the servers guide)\n";
 
 /// `"web-2:17" waiting 3.2s (lease 4.1s left)`; metadata quoted, as the holder's is.
 fn describe(waiter: &QueuedWaiter) -> String {
@@ -166,9 +173,10 @@ fn describe(waiter: &QueuedWaiter) -> String {
 }
 
 /// `{"keys": [{"key", "state", "mode", "limit", "metadata", "ttl_ms", "held_on", "nodes",
-/// "holders", "waiters", "writer_waiting_ms"}]}`: `metadata` is an exclusive holder's,
-/// `ttl_ms` the longest left of any holder, `holders` every holder on every server,
-/// `writer_waiting_ms` what is left of a writer's mark (null: none).
+/// "holders", "waiters", "writer_waiting_ms", "queue_readable"}]}`: `metadata` is an
+/// exclusive holder's, `ttl_ms` the longest left of any holder, `holders` every holder on
+/// every server, `writer_waiting_ms` what is left of a writer's mark (null: none),
+/// `queue_readable` false when the ACL refused this user the key's queue.
 fn as_json(seen: &[Key]) -> serde_json::Value {
     let keys: Vec<_> = seen
         .iter()
@@ -209,6 +217,7 @@ fn as_json(seen: &[Key]) -> serde_json::Value {
                 "metadata": key.metadata(),
                 "ttl_ms": key.ttl().map(millis),
                 "held_on": key.held_on(),
+                "queue_readable": key.queue_readable,
                 "nodes": key.nodes.len(),
                 "holders": holders,
                 "waiters": waiters,
@@ -253,6 +262,7 @@ mod tests {
             nodes: vec![Node::Held { mode, holders }],
             queues: vec![Vec::new()],
             writer_waiting: None,
+            queue_readable: true,
         }
     }
 
@@ -261,7 +271,7 @@ mod tests {
         let text = as_json(&[key(Mode::Exclusive, &[("web-1:42", 1500)])]).to_string();
         assert_eq!(
             text,
-            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"web-1:42","node":0,"ttl_ms":1500}],"key":"k","limit":null,"metadata":"web-1:42","mode":"exclusive","nodes":1,"state":"held","ttl_ms":1500,"waiters":[],"writer_waiting_ms":null}]}"#
+            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"web-1:42","node":0,"ttl_ms":1500}],"key":"k","limit":null,"metadata":"web-1:42","mode":"exclusive","nodes":1,"queue_readable":true,"state":"held","ttl_ms":1500,"waiters":[],"writer_waiting_ms":null}]}"#
         );
     }
 
@@ -271,7 +281,7 @@ mod tests {
         let text = text.to_string();
         assert_eq!(
             text,
-            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"a","node":0,"ttl_ms":1500},{"metadata":"b","node":0,"ttl_ms":900}],"key":"k","limit":3,"metadata":null,"mode":"permits","nodes":1,"state":"held","ttl_ms":1500,"waiters":[],"writer_waiting_ms":null}]}"#
+            r#"{"keys":[{"held_on":1,"holders":[{"metadata":"a","node":0,"ttl_ms":1500},{"metadata":"b","node":0,"ttl_ms":900}],"key":"k","limit":3,"metadata":null,"mode":"permits","nodes":1,"queue_readable":true,"state":"held","ttl_ms":1500,"waiters":[],"writer_waiting_ms":null}]}"#
         );
     }
 
