@@ -70,11 +70,23 @@ pub(crate) fn is_acl_refusal(err: &RedisError) -> bool {
         return false;
     };
     let detail = detail.to_ascii_lowercase();
+    let line_number = |rest: &str| {
+        rest.trim_start_matches(|c: char| c == ':' || c == ' ' || c.is_ascii_digit())
+            .to_owned()
+    };
     let message = match detail.strip_prefix("error running script") {
-        Some(wrapped) => wrapped.rsplit_once("@user_script").map_or("", |(_, rest)| {
-            rest.trim_start_matches(|c: char| c == ':' || c == ' ' || c.is_ascii_digit())
-        }),
-        None => detail.as_str(),
+        Some(wrapped) => wrapped
+            .rsplit_once("@user_script")
+            .map_or(String::new(), |(_, rest)| line_number(rest)),
+        // Redis 6.2's error of a command a script ran by `pcall`, returned as its reply:
+        // the code is "@user_script:", the detail begins with the line.
+        None if err
+            .code()
+            .is_some_and(|code| code.starts_with("@user_script")) =>
+        {
+            line_number(&detail)
+        }
+        None => detail,
     };
     [
         "the user executing the script can't",
@@ -175,6 +187,16 @@ mod tests {
             Ok(Err(err)) => err,
             other => panic!("not an error reply: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_refusal_a_script_returns_from_pcall_on_redis_6_is_an_acl_refusal() {
+        let refused = server_error(
+            "-@user_script: 105: The user executing the script can't run this command or subcommand\r\n",
+        );
+        assert!(is_acl_refusal(&refused), "{refused:?}");
+        let other = server_error("-@user_script: 12: Script attempted to access a global\r\n");
+        assert!(!is_acl_refusal(&other), "{other:?}");
     }
 
     #[test]
