@@ -16,7 +16,8 @@ pub(crate) fn is_unreachable(err: &RedisError) -> bool {
 }
 
 /// The server answered that it cannot serve the request now: it is no longer the primary,
-/// still loading, or its cluster or primary is down. Nothing ran.
+/// still loading, its cluster or primary is down, or it has too few replicas in reach for a
+/// write (`min-replicas-to-write`: `NOREPLICAS`, refused before anything runs). Nothing ran.
 pub(crate) fn is_changing_over(err: &RedisError) -> bool {
     use redis::ServerErrorKind as Kind;
     matches!(
@@ -28,7 +29,7 @@ pub(crate) fn is_changing_over(err: &RedisError) -> bool {
                 | Kind::ClusterDown
                 | Kind::TryAgain
         )
-    )
+    ) || err.code() == Some("NOREPLICAS")
 }
 
 /// No intact reply came (none, or a cut one): the request may or may not have run. A
@@ -42,7 +43,9 @@ pub(crate) fn is_outcome_unknown(err: &RedisError) -> bool {
 /// [`is_access_refusal`]).
 pub(crate) fn is_transient(err: &RedisError) -> bool {
     !is_access_refusal(err)
-        && (err.is_timeout() || !matches!(err.retry_method(), RetryMethod::NoRetry))
+        && (err.is_timeout()
+            || is_changing_over(err)
+            || !matches!(err.retry_method(), RetryMethod::NoRetry))
 }
 
 /// Whether the server refused who we are, or we refused who it is: a wrong password or user,
@@ -217,6 +220,21 @@ mod tests {
         ] {
             assert!(!refuses_command(&server_error(line)), "{line}");
         }
+    }
+
+    #[test]
+    fn a_server_that_cannot_serve_now_is_changing_over_and_transient() {
+        for line in [
+            "-LOADING Redis is loading the dataset in memory\r\n",
+            "-READONLY You can't write against a read only replica.\r\n",
+            "-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.\r\n",
+            "-NOREPLICAS Not enough good replicas to write.\r\n",
+        ] {
+            let err = server_error(line);
+            assert!(is_changing_over(&err) && is_transient(&err), "{line}");
+        }
+        let held = server_error("-WRONGTYPE Operation against a key holding the wrong kind\r\n");
+        assert!(!is_changing_over(&held) && !is_transient(&held));
     }
 
     #[cfg(feature = "tls")]

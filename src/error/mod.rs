@@ -415,7 +415,8 @@ impl Error {
     /// True when Redis could not be reached or did not answer in time: a connection error,
     /// a timeout, an unknown outcome, a server that is not the primary any more or not
     /// ready (`READONLY`, `LOADING`, `MASTERDOWN`, `CLUSTERDOWN`, `TRYAGAIN`: a failover or
-    /// restart is under way), too few replicas that acknowledged a write, or a quorum that
+    /// restart is under way; `NOREPLICAS`: a primary short of the replicas its
+    /// `min-replicas-to-write` asks for), too few replicas that acknowledged a write, or a quorum that
     /// missed its majority because masters failed or timed out (for a refresh, also when a
     /// few refused: too few to decide), not for lack of time. Nothing is known about the
     /// lock then.

@@ -405,3 +405,47 @@ async fn an_answer_bound_keeps_the_deadline_of_an_obtain_behind_others_still_ask
     }
     env.server.resume();
 }
+
+/// A primary that refuses writes for want of replicas (`min-replicas-to-write`, a replica
+/// paused or lagging: `NOREPLICAS`) is a state of the deployment that passes: an obtain
+/// retries it within its deadline, and locks once the replicas are back (it failed at once
+/// with the server's error, which `lockset run --wait` did not wait out either). Nothing ran:
+/// the server refuses such a write before it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_short_of_replicas_is_waited_out_within_the_deadline() {
+    let server = support::RedisServer::start();
+    let client = Client::connect(&server.url()).await.unwrap();
+    let short = ["CONFIG", "SET", "min-replicas-to-write", "1"];
+    assert!(support::server::cli(server.port(), &short).contains("OK"));
+    let options = Options::default()
+        .retry(Retry::linear(ms(50)))
+        .timeout(ms(1_000));
+    for keys in [vec!["job"], vec!["a", "b"]] {
+        let start = Instant::now();
+        let err = client
+            .obtain_multi(keys.clone(), ms(10_000), &options)
+            .await
+            .unwrap_err();
+        let took = start.elapsed();
+        assert!(err.is_unavailable(), "{keys:?}: {err:?}");
+        assert!(
+            took >= ms(950) && took < ms(1_500),
+            "{keys:?}: after {took:?}"
+        );
+    }
+    let back = tokio::spawn(async move {
+        tokio::time::sleep(ms(400)).await;
+        let enough = ["CONFIG", "SET", "min-replicas-to-write", "0"];
+        assert!(support::server::cli(server.port(), &enough).contains("OK"));
+        server
+    });
+    let start = Instant::now();
+    let lock = client
+        .obtain("job", ms(10_000), &options.clone().timeout(ms(3_000)))
+        .await
+        .expect("locked once the replicas are back");
+    let took = start.elapsed();
+    assert!(took >= ms(400) && took < ms(1_500), "locked after {took:?}");
+    lock.release().await.unwrap();
+    drop(back.await.unwrap());
+}
