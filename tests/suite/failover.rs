@@ -1056,3 +1056,37 @@ async fn a_sentinel_given_twice_counts_once() {
     assert!(err.to_string().contains("counted once"), "{err}");
     assert!(started.elapsed() < ms(3_000), "{:?}", started.elapsed());
 }
+
+/// Two of three sentinels that do not know the master (rebuilt without their configuration,
+/// or being given `SENTINEL MONITOR`) while the third names the primary: no majority, a
+/// state of the deployment, not a master name nobody knows. Connecting fails as unavailable
+/// (it was `InvalidInput::UnknownMaster`, which the command line took for bad usage, exit
+/// 64, and never retried); once they know the master again, it connects and locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinels_that_forgot_the_master_are_a_passing_state() {
+    let failover = Failover::start(1).await;
+    let primary = failover.named_primary();
+    let forgetful: Vec<u16> = failover.sentinels[1..].iter().map(|s| s.port()).collect();
+    for port in &forgetful {
+        let removed = failover.ask_sentinel(*port, &["SENTINEL", "REMOVE", MASTER]);
+        assert!(removed.contains("OK"), "{removed}");
+    }
+    let config = || failover.config(Replication::none());
+    let started = Instant::now();
+    let err = Client::connect_sentinel(config()).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(!matches!(err, lockset::Error::InvalidInput(_)), "{err:?}");
+    assert!(started.elapsed() < ms(3_000), "{:?}", started.elapsed());
+    let port = primary.to_string();
+    for sentinel in &forgetful {
+        let monitor = ["SENTINEL", "MONITOR", MASTER, "127.0.0.1", &port, "2"];
+        let added = failover.ask_sentinel(*sentinel, &monitor);
+        assert!(added.contains("OK"), "{added}");
+    }
+    let client = Client::connect_sentinel(config()).await.unwrap();
+    let lock = client
+        .obtain("{s}:forgot", ms(10_000), &Options::default())
+        .await
+        .unwrap();
+    lock.release().await.unwrap();
+}

@@ -143,10 +143,10 @@ impl Census {
         crate::model::majority(self.asked)
     }
 
-    /// Whether the answers so far decide: a majority names one address, or a majority does
-    /// not know the master.
+    /// Whether the answers so far decide: a majority names one address, or every
+    /// configured sentinel answered.
     pub(crate) fn decided(&self) -> bool {
-        self.elected().is_some() || self.unknown() >= self.majority()
+        self.elected().is_some() || self.answers.len() >= self.asked
     }
 
     /// How many sentinels do not know the master, each once.
@@ -271,8 +271,8 @@ impl Census {
             .collect()
     }
 
-    /// Why no primary was elected, as an error: the master is unknown to a majority, every
-    /// sentinel refused the login, none answered, or they disagree.
+    /// Why no primary was elected, as an error: the master is unknown to every sentinel,
+    /// every sentinel refused the login, none answered, or they disagree.
     pub(crate) fn failure(&self, master: &str) -> RedisError {
         let failed: Vec<&RedisError> = self
             .answers
@@ -282,8 +282,14 @@ impl Census {
                 _ => None,
             })
             .collect();
-        if self.unknown() >= self.majority()
-            || (self.unknown() > 0 && self.sightings().next().is_none() && failed.is_empty())
+        // Bad input only when every sentinel answered and none knows the master. One that
+        // names a primary, or did not answer, may know it where the others do not (a
+        // sentinel rebuilt without its configuration, or being given `SENTINEL MONITOR`):
+        // a state of the deployment that passes, retried within the deadline.
+        if self.unknown() > 0
+            && self.sightings().next().is_none()
+            && failed.is_empty()
+            && self.answers.len() >= self.asked
         {
             return RedisError::from((
                 ErrorKind::MasterNameNotFoundBySentinel,
@@ -630,10 +636,29 @@ mod tests {
         unknown_twice.add("127.0.0.1:26381".into(), Answer::Unknown("c".into()));
         unknown_twice.add("localhost:26381".into(), Answer::Unknown("c".into()));
         assert!(!unknown_twice.decided(), "one sentinel under two names");
-        // A majority that does not know the master.
+        // A majority that does not know the master: the third may know it (a sentinel
+        // rebuilt without its configuration, or one being given `SENTINEL MONITOR`).
         let mut unknown = Census::new(3);
         unknown.add("s1".into(), Answer::Unknown("a".into()));
         unknown.add("s2".into(), Answer::Unknown("b".into()));
+        assert!(!unknown.decided(), "the third may name the primary");
+        assert_ne!(
+            unknown.failure("locks").kind(),
+            ErrorKind::MasterNameNotFoundBySentinel,
+            "a state that may pass, not bad input"
+        );
+        // It does: still no majority, a state of the deployment to wait out.
+        let mut named = Census::new(3);
+        named.add("s1".into(), Answer::Unknown("a".into()));
+        named.add("s2".into(), Answer::Unknown("b".into()));
+        named.add("s3".into(), seen(7000, 1));
+        assert!(named.elected().is_none());
+        assert_ne!(
+            named.failure("locks").kind(),
+            ErrorKind::MasterNameNotFoundBySentinel
+        );
+        // Every sentinel answered, and none knows it: a master name no sentinel knows.
+        unknown.add("s3".into(), Answer::Unknown("c".into()));
         assert!(unknown.decided());
         assert_eq!(
             unknown.failure("locks").kind(),
