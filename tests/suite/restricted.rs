@@ -26,14 +26,22 @@ async fn restricted() -> (
     Client<ConnectionManager>,
 ) {
     let server = RedisServer::start();
-    let user = [
-        "ACL", "SETUSER", "locker", "on", ">pw", "~pre:*", "&*", "+@all",
-    ];
-    assert!(support::server::cli(server.port(), &user).contains("OK"));
-    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let url = locker(&server, "~pre:* &* +@all");
     let holder = Client::connect(&url).await.unwrap();
     let waiter = Client::connect(&url).await.unwrap();
     (server, holder, waiter)
+}
+
+/// Makes (or makes again) the user `locker`, password `pw`, with `rights` (ACL rules apart
+/// from the login, separated by spaces), and returns its URL.
+fn locker(server: &RedisServer, rights: &str) -> String {
+    let mut user = vec!["ACL", "SETUSER", "locker", "reset", "on", ">pw"];
+    user.extend(rights.split(' '));
+    assert!(
+        support::server::cli(server.port(), &user).contains("OK"),
+        "{rights}"
+    );
+    format!("redis://locker:pw@127.0.0.1:{}/", server.port())
 }
 
 /// How many waiters are in `key`'s queue, read as the default user.
@@ -186,20 +194,7 @@ async fn a_release_succeeds_when_its_hand_off_needs_a_key_outside_the_users_patt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_with_channels_named_one_by_one_is_still_handed_the_lock() {
     let server = RedisServer::start();
-    let user = [
-        "ACL",
-        "SETUSER",
-        "locker",
-        "on",
-        ">pw",
-        "~pre:*",
-        "resetchannels",
-        "&pre:a",
-        "&pre:b",
-        "+@all",
-    ];
-    assert!(support::server::cli(server.port(), &user).contains("OK"));
-    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let url = locker(&server, "~pre:* resetchannels &pre:a &pre:b +@all");
     let holder = Client::connect(&url).await.unwrap();
     let waiter = Client::connect(&url).await.unwrap();
     let slow_polling = Options::default()
@@ -227,11 +222,7 @@ async fn a_user_with_channels_named_one_by_one_is_still_handed_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_refused_the_waiters_hand_off_channel_tells_it_on_the_keys() {
     let server = RedisServer::start();
-    let rights = "~pre:* resetchannels &pre:a +@all";
-    let user = ["ACL", "SETUSER", "locker", "on", ">pw"];
-    let user: Vec<&str> = user.into_iter().chain(rights.split(' ')).collect();
-    assert!(support::server::cli(server.port(), &user).contains("OK"));
-    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let url = locker(&server, "~pre:* resetchannels &pre:a +@all");
     let holder = Client::connect(&url).await.unwrap();
     let waiter = Client::connect(&server.url()).await.unwrap();
     let lock = holder
@@ -257,18 +248,7 @@ async fn a_holder_refused_the_waiters_hand_off_channel_tells_it_on_the_keys() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_hand_off_notice_was_refused_takes_its_lock_at_its_deadline() {
     let server = RedisServer::start();
-    let user = [
-        "ACL",
-        "SETUSER",
-        "locker",
-        "on",
-        ">pw",
-        "~pre:*",
-        "resetchannels",
-        "+@all",
-    ];
-    assert!(support::server::cli(server.port(), &user).contains("OK"));
-    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let url = locker(&server, "~pre:* resetchannels +@all");
     let holder = Client::connect(&url).await.unwrap();
     let waiter = Client::connect(&server.url()).await.unwrap();
     let lock = holder
@@ -313,11 +293,7 @@ const REFUSED_WITHIN: Duration = Duration::from_millis(1_000);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_scripts_locks_nothing_and_is_told_why() {
     let server = RedisServer::start();
-    let user = [
-        "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha",
-    ];
-    assert!(support::server::cli(server.port(), &user).contains("OK"));
-    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
+    let url = locker(&server, "~* &* +@all -eval -evalsha");
     let client = Client::connect(&url).await.unwrap();
     refuses_every_obtain(&server, &client).await;
 
@@ -362,11 +338,7 @@ async fn a_quorum_whose_majority_refuses_scripts_says_so_at_once() {
     let mut nodes = Vec::new();
     for (i, server) in servers.iter().enumerate() {
         let url = if i < 2 {
-            let user = [
-                "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-eval", "-evalsha",
-            ];
-            assert!(support::server::cli(server.port(), &user).contains("OK"));
-            format!("redis://locker:pw@127.0.0.1:{}/", server.port())
+            locker(server, "~* &* +@all -eval -evalsha")
         } else {
             server.url()
         };
@@ -424,7 +396,6 @@ async fn refuses_every_obtain(server: &RedisServer, client: &Client<ConnectionMa
 #[tokio::test]
 async fn a_command_refused_inside_a_script_leaves_no_key_without_an_expiry() {
     let server = RedisServer::start();
-    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
     let keys = ["pre:a", "pre:b"];
     let no_expiry = async |server: &RedisServer| {
         let mut conn = support::connect(server).await;
@@ -442,21 +413,10 @@ async fn a_command_refused_inside_a_script_leaves_no_key_without_an_expiry() {
         found
     };
     // Only the string, scripting, sorted-set and hash commands: no PEXPIRE, DEL, EXISTS.
-    let user = [
-        "ACL",
-        "SETUSER",
-        "locker",
-        "on",
-        ">pw",
-        "~pre:*",
-        "&*",
-        "+@scripting",
-        "+@string",
-        "+@sortedset",
-        "+@hash",
-        "+@connection",
-    ];
-    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let url = locker(
+        &server,
+        "~pre:* &* +@scripting +@string +@sortedset +@hash +@connection",
+    );
     let client = Client::connect(&url).await.unwrap();
     let err = client
         .obtain_multi(keys, ms(10_000), &Options::default())
@@ -466,10 +426,7 @@ async fn a_command_refused_inside_a_script_leaves_no_key_without_an_expiry() {
     assert!(no_expiry(&server).await.is_empty(), "keys left for ever");
 
     // Every command but PEXPIRE: the lock is taken, and its keys expire.
-    let user = [
-        "ACL", "SETUSER", "locker", "reset", "on", ">pw", "~pre:*", "&*", "+@all", "-pexpire",
-    ];
-    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let url = locker(&server, "~pre:* &* +@all -pexpire");
     let client = Client::connect(&url).await.unwrap();
     let lock = client
         .obtain_multi(keys, ms(10_000), &Options::default())
@@ -486,12 +443,8 @@ async fn a_command_refused_inside_a_script_leaves_no_key_without_an_expiry() {
 #[tokio::test]
 async fn a_fencing_obtain_refused_inside_its_script_leaves_no_key_held() {
     let server = RedisServer::start();
-    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
     for refused in ["-time", "-get"] {
-        let user = [
-            "ACL", "SETUSER", "locker", "reset", "on", ">pw", "~*", "&*", "+@all", refused,
-        ];
-        assert!(support::server::cli(server.port(), &user).contains("OK"));
+        let url = locker(&server, &format!("~* &* +@all {refused}"));
         let client = Client::connect(&url).await.unwrap();
         for keys in [vec!["pre:a"], vec!["pre:{t}:a", "pre:{t}:b"]] {
             let options = Options::default().fencing();
@@ -515,11 +468,7 @@ async fn a_fencing_obtain_refused_inside_its_script_leaves_no_key_held() {
 #[tokio::test]
 async fn a_shared_key_refused_its_expiry_is_not_left_without_one() {
     let server = RedisServer::start();
-    let url = format!("redis://locker:pw@127.0.0.1:{}/", server.port());
-    let user = [
-        "ACL", "SETUSER", "locker", "on", ">pw", "~*", "&*", "+@all", "-pexpire",
-    ];
-    assert!(support::server::cli(server.port(), &user).contains("OK"));
+    let url = locker(&server, "~* &* +@all -pexpire");
     let client = Client::connect(&url).await.unwrap();
     let locks: [Vec<(&str, Mode)>; 3] = [
         vec![("pre:s", Mode::Shared)],
