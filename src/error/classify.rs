@@ -18,8 +18,16 @@ pub(crate) fn is_unreachable(err: &RedisError) -> bool {
 /// The server answered that it cannot serve the request now: it is no longer the primary,
 /// still loading, its cluster or primary is down, or it has too few replicas in reach for a
 /// write (`min-replicas-to-write`: `NOREPLICAS`, refused before anything runs). Nothing ran.
+/// Also when a command inside one of lockset's scripts was told so, as Redis 6.2 reports it
+/// (see [`inner_message`]).
 pub(crate) fn is_changing_over(err: &RedisError) -> bool {
     use redis::ServerErrorKind as Kind;
+    let changing = |code: &str| {
+        matches!(
+            code,
+            "READONLY" | "LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN" | "NOREPLICAS"
+        )
+    };
     matches!(
         err.kind(),
         redis::ErrorKind::Server(
@@ -29,7 +37,38 @@ pub(crate) fn is_changing_over(err: &RedisError) -> bool {
                 | Kind::ClusterDown
                 | Kind::TryAgain
         )
-    ) || err.code() == Some("NOREPLICAS")
+    ) || err.code().is_some_and(changing)
+        || inner_message(err)
+            .as_deref()
+            .and_then(|message| message.strip_prefix('-'))
+            .and_then(|message| message.split(' ').next())
+            .is_some_and(changing)
+}
+
+/// What a command inside a script was told, when Redis 6.2 wrapped it in the script's own
+/// error: "@user_script: N: <message>" (the code `@user_script:`: a script that returns what
+/// `redis.pcall` gave it), or "Error running script (call to ...): @user_script:N:
+/// @user_script: N: <message>" (the code `ERR`: a command that raised). `None` for any other
+/// error.
+fn inner_message(err: &RedisError) -> Option<String> {
+    let detail = err.detail()?;
+    let after_line = |rest: &str| {
+        rest.trim_start_matches(|c: char| c == ':' || c == ' ' || c.is_ascii_digit())
+            .to_owned()
+    };
+    if detail
+        .to_ascii_lowercase()
+        .starts_with("error running script")
+    {
+        return Some(
+            detail
+                .rsplit_once("@user_script")
+                .map_or(String::new(), |(_, rest)| after_line(rest)),
+        );
+    }
+    err.code()
+        .is_some_and(|code| code.starts_with("@user_script"))
+        .then(|| after_line(detail))
 }
 
 /// No intact reply came (none, or a cut one): the request may or may not have run. A
@@ -69,28 +108,10 @@ pub(crate) fn is_acl_refusal(err: &RedisError) -> bool {
     if err.code() == Some("NOPERM") {
         return true;
     }
-    let Some(detail) = err.detail() else {
+    let Some(message) = inner_message(err).or_else(|| err.detail().map(str::to_owned)) else {
         return false;
     };
-    let detail = detail.to_ascii_lowercase();
-    let line_number = |rest: &str| {
-        rest.trim_start_matches(|c: char| c == ':' || c == ' ' || c.is_ascii_digit())
-            .to_owned()
-    };
-    let message = match detail.strip_prefix("error running script") {
-        Some(wrapped) => wrapped
-            .rsplit_once("@user_script")
-            .map_or(String::new(), |(_, rest)| line_number(rest)),
-        // Redis 6.2's error of a command a script ran by `pcall`, returned as its reply:
-        // the code is "@user_script:", the detail begins with the line.
-        None if err
-            .code()
-            .is_some_and(|code| code.starts_with("@user_script")) =>
-        {
-            line_number(&detail)
-        }
-        None => detail,
-    };
+    let message = message.to_ascii_lowercase();
     [
         "the user executing the script can't",
         "acl failure in script",
@@ -233,8 +254,18 @@ mod tests {
             let err = server_error(line);
             assert!(is_changing_over(&err) && is_transient(&err), "{line}");
         }
+        // Redis 6.2, a command inside a script told so: returned from pcall, or raised.
+        for line in [
+            "-@user_script: 70: -NOREPLICAS Not enough good replicas to write.\r\n",
+            "-ERR Error running script (call to f_1a2b): @user_script:70: @user_script: 70: -READONLY You can't write against a read only replica.\r\n",
+        ] {
+            let err = server_error(line);
+            assert!(is_changing_over(&err) && is_transient(&err), "{line}");
+        }
         let held = server_error("-WRONGTYPE Operation against a key holding the wrong kind\r\n");
         assert!(!is_changing_over(&held) && !is_transient(&held));
+        let wrapped = server_error("-@user_script: 70: -WRONGTYPE Operation against a key\r\n");
+        assert!(!is_changing_over(&wrapped));
     }
 
     #[cfg(feature = "tls")]

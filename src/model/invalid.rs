@@ -217,9 +217,9 @@ pub enum InvalidInput {
     /// A Sentinel client without sentinels.
     #[error("invalid input: a Sentinel client needs at least one sentinel")]
     NoSentinels,
-    /// No sentinel monitors a master of this name: every one answered, and none knows it.
-    /// (Some that do not know it while another names a primary, or does not answer, are a
-    /// state of the deployment: `is_unavailable()`, retried.)
+    /// No sentinel monitors a master of this name: a majority of them (or every one that
+    /// answered) do not know it, and none names a primary. (Some that do not know it while
+    /// another names a primary are a state of the deployment: `is_unavailable()`, retried.)
     #[error("invalid input: no sentinel knows a master named {name:?}")]
     UnknownMaster {
         /// The master name asked for.

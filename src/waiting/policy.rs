@@ -127,8 +127,9 @@ where
     // The last attempt fell short of its replicas: what the caller is told when the
     // deadline cuts the next one (most likely waiting for the same replicas).
     let mut short: Option<Error> = None;
-    // A queued waiter's last attempt, at the deadline, was made.
-    let mut looked_last = false;
+    // A queued waiter that gives up looks once more (see below): what it gives up with
+    // unless that look finds the lock its own.
+    let mut last_look: Option<Error> = None;
     loop {
         // When this attempt is sent, at the earliest.
         let sending = first.take().unwrap_or_else(Instant::now);
@@ -152,6 +153,17 @@ where
                 None => Some(attempt.await),
             }
         };
+        // The last look can only turn giving up into success: cut, held or failing, it
+        // gives up with what it would have without it.
+        if let Some(giving_up) = last_look.take() {
+            return match step {
+                Some(Step::Done(value)) => {
+                    waiter.used();
+                    Ok(value)
+                }
+                _ => Err(giving_up),
+            };
+        }
         let Some(step) = step else {
             // The attempt, dropped, cleans up after itself in the background. Attempts that
             // kept falling short of their replicas are reported as that, not as a reply
@@ -183,9 +195,6 @@ where
                 (watch.not_obtained(&held), Some(held))
             }
         };
-        if looked_last {
-            return Err(at_deadline(failure));
-        }
         let now = Instant::now();
         let queued_until = queued_until(waiter.queued_lease(), now, held.as_ref());
         // A queued waiter may still have time it drew and did not sleep: banked, or the
@@ -274,11 +283,13 @@ where
         if !woken && deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             // A queued waiter may have been handed the lock with a notice that never came
             // (its holder's user may not publish, a pub/sub connection dropped): one last
-            // attempt takes it, within the grace an attempt has past the deadline.
-            if queued_until.is_none() || looked_last {
+            // attempt takes it, within the grace an attempt has past the deadline. (A
+            // strategy used up before the deadline gives up without one: its last delay was
+            // its last retry.)
+            if queued_until.is_none() {
                 return Err(at_deadline(failure));
             }
-            looked_last = true;
+            last_look = Some(at_deadline(failure));
             continue;
         }
         if !woken && give_up_at.is_some_and(|at| Instant::now() >= at) {

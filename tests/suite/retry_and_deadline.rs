@@ -449,3 +449,36 @@ async fn a_primary_short_of_replicas_is_waited_out_within_the_deadline() {
     lock.release().await.unwrap();
     drop(back.await.unwrap());
 }
+
+/// A queued (fair) waiter looks once more at its deadline, for a lock handed to it whose
+/// notice never came. That look can only turn giving up into success: a server that stalls
+/// at the deadline cuts it after its grace, and the waiter still ends with
+/// `DeadlineExceeded` (it ended with `UnknownOutcome`, `is_unavailable`, exit 69 instead of
+/// 75), within the deadline plus the grace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiters_last_look_stalled_at_its_deadline_still_ends_not_obtained() {
+    let server = support::RedisServer::start();
+    let holder = Client::connect(&server.url()).await.unwrap();
+    let waiter = Client::connect(&server.url()).await.unwrap();
+    let lock = holder
+        .obtain("job", ms(20_000), &Options::default())
+        .await
+        .unwrap();
+    let options = Options::default()
+        .retry(Retry::linear(ms(100)))
+        .timeout(ms(1_000));
+    let start = Instant::now();
+    let waiting = tokio::spawn(async move { waiter.obtain("job", ms(10_000), &options).await });
+    tokio::time::sleep(ms(600)).await;
+    let pause = ["CLIENT", "PAUSE", "1500", "ALL"];
+    assert!(support::server::cli(server.port(), &pause).contains("OK"));
+    let err = waiting.await.unwrap().unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(err, Error::DeadlineExceeded), "{err:?}");
+    assert!(
+        took >= ms(1_000) && took < ms(1_400),
+        "ended after {took:?}"
+    );
+    tokio::time::sleep(ms(1_200)).await;
+    lock.release().await.unwrap();
+}

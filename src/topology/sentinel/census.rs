@@ -271,8 +271,9 @@ impl Census {
             .collect()
     }
 
-    /// Why no primary was elected, as an error: the master is unknown to every sentinel,
-    /// every sentinel refused the login, none answered, or they disagree.
+    /// Why no primary was elected, as an error: the master is unknown (to a majority, and
+    /// none names a primary), every sentinel refused the login, none answered, or they
+    /// disagree.
     pub(crate) fn failure(&self, master: &str) -> RedisError {
         let failed: Vec<&RedisError> = self
             .answers
@@ -282,14 +283,15 @@ impl Census {
                 _ => None,
             })
             .collect();
-        // Bad input only when every sentinel answered and none knows the master. One that
-        // names a primary, or did not answer, may know it where the others do not (a
-        // sentinel rebuilt without its configuration, or being given `SENTINEL MONITOR`):
-        // a state of the deployment that passes, retried within the deadline.
+        // Bad input when no sentinel names a primary, and a majority (or every one that
+        // answered) does not know the master: a sentinel that is down cannot vouch for the
+        // name. One that names a primary while others do not know it (rebuilt without their
+        // configuration, or being given `SENTINEL MONITOR`) is a state of the deployment that
+        // passes, retried within the deadline.
+        let unknown_to_all_that_answered = failed.is_empty() && self.answers.len() >= self.asked;
         if self.unknown() > 0
             && self.sightings().next().is_none()
-            && failed.is_empty()
-            && self.answers.len() >= self.asked
+            && (self.unknown() >= self.majority() || unknown_to_all_that_answered)
         {
             return RedisError::from((
                 ErrorKind::MasterNameNotFoundBySentinel,
@@ -309,10 +311,16 @@ impl Census {
             ));
         }
         if self.sightings().next().is_none() {
-            return crate::error::unavailable(format!(
-                "none of {} sentinels answered for {master:?}: {said}",
-                self.asked
-            ));
+            return crate::error::unavailable(match self.unknown() {
+                0 => format!(
+                    "none of {} sentinels answered for {master:?}: {said}",
+                    self.asked
+                ),
+                unknown => format!(
+                    "{unknown} of {} sentinels do not know {master:?} and no other answered: {said}",
+                    self.asked
+                ),
+            });
         }
         crate::error::unavailable(format!(
             "no majority of the {} sentinels names one primary of {master:?} (a failover under way, or a sentinel that watches another primary): {said}",
@@ -636,17 +644,12 @@ mod tests {
         unknown_twice.add("127.0.0.1:26381".into(), Answer::Unknown("c".into()));
         unknown_twice.add("localhost:26381".into(), Answer::Unknown("c".into()));
         assert!(!unknown_twice.decided(), "one sentinel under two names");
-        // A majority that does not know the master: the third may know it (a sentinel
-        // rebuilt without its configuration, or one being given `SENTINEL MONITOR`).
+        // A majority that does not know the master: the third may name a primary (a
+        // sentinel rebuilt without its configuration, or being given `SENTINEL MONITOR`).
         let mut unknown = Census::new(3);
         unknown.add("s1".into(), Answer::Unknown("a".into()));
         unknown.add("s2".into(), Answer::Unknown("b".into()));
         assert!(!unknown.decided(), "the third may name the primary");
-        assert_ne!(
-            unknown.failure("locks").kind(),
-            ErrorKind::MasterNameNotFoundBySentinel,
-            "a state that may pass, not bad input"
-        );
         // It does: still no majority, a state of the deployment to wait out.
         let mut named = Census::new(3);
         named.add("s1".into(), Answer::Unknown("a".into()));
@@ -656,6 +659,35 @@ mod tests {
         assert_ne!(
             named.failure("locks").kind(),
             ErrorKind::MasterNameNotFoundBySentinel
+        );
+        // The third down: nobody vouches for the name (a typo with a sentinel down).
+        let mut down = Census::new(3);
+        down.add("s1".into(), Answer::Unknown("a".into()));
+        down.add("s2".into(), Answer::Unknown("b".into()));
+        down.add(
+            "s3".into(),
+            Answer::Failed(std::io::Error::other("refused").into()),
+        );
+        assert_eq!(
+            down.failure("locks").kind(),
+            ErrorKind::MasterNameNotFoundBySentinel
+        );
+        // One that does not know it, the others down: no majority either way.
+        let mut alone = Census::new(3);
+        alone.add("s1".into(), Answer::Unknown("a".into()));
+        alone.add(
+            "s2".into(),
+            Answer::Failed(std::io::Error::other("refused").into()),
+        );
+        alone.add(
+            "s3".into(),
+            Answer::Failed(std::io::Error::other("refused").into()),
+        );
+        let err = alone.failure("locks");
+        assert_ne!(err.kind(), ErrorKind::MasterNameNotFoundBySentinel);
+        assert!(
+            err.to_string().contains("1 of 3 sentinels do not know"),
+            "{err}"
         );
         // Every sentinel answered, and none knows it: a master name no sentinel knows.
         unknown.add("s3".into(), Answer::Unknown("c".into()));
