@@ -21,23 +21,14 @@ pub(crate) fn is_unreachable(err: &RedisError) -> bool {
 /// Also when a command inside one of lockset's scripts was told so, as Redis 6.2 reports it
 /// (see [`inner_message`]).
 pub(crate) fn is_changing_over(err: &RedisError) -> bool {
-    use redis::ServerErrorKind as Kind;
+    // By code: redis-rs names the kinds it knows by theirs, and knows no `NOREPLICAS`.
     let changing = |code: &str| {
         matches!(
             code,
             "READONLY" | "LOADING" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN" | "NOREPLICAS"
         )
     };
-    matches!(
-        err.kind(),
-        redis::ErrorKind::Server(
-            Kind::ReadOnly
-                | Kind::BusyLoading
-                | Kind::MasterDown
-                | Kind::ClusterDown
-                | Kind::TryAgain
-        )
-    ) || err.code().is_some_and(changing)
+    err.code().is_some_and(changing)
         || inner_message(err)
             .as_deref()
             .and_then(|message| message.strip_prefix('-'))
